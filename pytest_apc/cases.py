@@ -1,0 +1,172 @@
+"""The A-F matrix, the concurrency sweep, and what each case predicts.
+
+| case | prefix | suffix | APC | family   | vLLM dataset                          |
+|------|--------|--------|-----|----------|---------------------------------------|
+| A    | 0      | 32K    | off | overhead | random, input 32768, prefix 0         |
+| B    | 0      | 32K    | on  | overhead | same                                  |
+| C    | 32K    | 1K     | off | pure     | prefix_repetition, 32768 + 1024, 1 pfx|
+| D    | 32K    | 1K     | on  | pure     | same                                  |
+| E    | 32K    | 32K    | off | rag      | random, input 32768, prefix 32000     |
+| F    | 32K    | 32K    | on  | rag      | same                                  |
+
+A *workload* is what the benchmark sends; the ON and OFF case of a pair share it byte for byte.
+The expected cache hits are computed here (``expected_hits``) from the workload's shape, the
+server's block size and the chat template's shared header; never hard-coded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_apc.config import Settings
+
+FAMILIES = ("overhead", "pure", "rag")
+# ON case -> OFF case of the same pair.
+PAIRS = {"B": "A", "D": "C", "F": "E"}
+CASE_FAMILY = {"A": "overhead", "B": "overhead", "C": "pure", "D": "pure", "E": "rag", "F": "rag"}
+CASE_APC = {"A": False, "B": True, "C": False, "D": True, "E": False, "F": True}
+CASE_PURPOSE = {
+    "A": "baseline, no shared prefix",
+    "B": "APC overhead (A ~ B expected)",
+    "C": "pure APC baseline",
+    "D": "pure APC effect",
+    "E": "agent/RAG baseline",
+    "F": "agent/RAG APC effect",
+}
+SWEEP_FAMILIES = ("pure", "rag")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one benchmark run sends: identical for the ON and OFF server of a pair."""
+
+    family: str
+    prefix_len: int  # shared prefix, in tokens (client side, before the chat template)
+    suffix_len: int  # unique part per request
+    output_len: int
+    num_prompts: int
+    seed: int
+
+    @property
+    def dataset(self) -> str:
+        return "prefix_repetition" if self.family == "pure" else "random"
+
+    def dataset_args(self) -> list[str]:
+        """The dataset flags of ``vllm bench serve`` for this workload."""
+        if self.dataset == "prefix_repetition":
+            return [
+                "--dataset-name", "prefix_repetition",
+                "--prefix-repetition-prefix-len", str(self.prefix_len),
+                "--prefix-repetition-suffix-len", str(self.suffix_len),
+                "--prefix-repetition-num-prefixes", "1",
+                "--prefix-repetition-output-len", str(self.output_len),
+            ]  # fmt: skip
+        return [
+            "--dataset-name", "random",
+            "--random-input-len", str(self.suffix_len),
+            "--random-prefix-len", str(self.prefix_len),
+            "--random-output-len", str(self.output_len),
+            "--random-range-ratio", "0",
+        ]  # fmt: skip
+
+    @property
+    def prompt_len(self) -> int:
+        return self.prefix_len + self.suffix_len
+
+
+def workload_for(family: str, settings: Settings) -> Workload:
+    """The family's workload under these settings (lengths scaled for the CPU profile)."""
+    s = settings.scaled
+    if family == "overhead":
+        prefix, suffix = 0, s(settings.input_len)
+    elif family == "pure":
+        prefix, suffix = s(settings.prefix_len), s(settings.suffix_len)
+    elif family == "rag":
+        prefix, suffix = s(settings.rag_prefix_len), s(settings.input_len)
+    else:  # pragma: no cover - guarded by FAMILIES
+        raise ValueError(f"unknown case family {family!r}")
+    return Workload(family, prefix, suffix, s(settings.output_len), settings.num_prompts, settings.seed)
+
+
+@dataclass(frozen=True, order=True)
+class RunKey:
+    """One measurement: a case at a concurrency (and, for APC-on cases, a hash algorithm)."""
+
+    case: str
+    concurrency: int
+    hash_algo: str = ""  # "" = the server's default
+
+    @property
+    def apc(self) -> bool:
+        return CASE_APC[self.case]
+
+    @property
+    def family(self) -> str:
+        return CASE_FAMILY[self.case]
+
+    @property
+    def id(self) -> str:
+        suffix = f"-{self.hash_algo}" if self.hash_algo else ""
+        return f"{self.case}-c{self.concurrency}{suffix}"
+
+    @classmethod
+    def parse(cls, text: str) -> RunKey:
+        """``"D-c8"`` or ``"D-c8-xxhash"`` -> RunKey."""
+        parts = text.split("-", 2)
+        if len(parts) < 2 or parts[0] not in CASE_APC or not parts[1].startswith("c"):
+            raise ValueError(f"not a run id: {text!r} (expected e.g. 'D-c8')")
+        return cls(parts[0], int(parts[1][1:]), parts[2] if len(parts) == 3 else "")
+
+    def pair(self) -> tuple[RunKey, RunKey]:
+        """(OFF run, ON run) of this key's pair; the OFF side never carries a hash algorithm."""
+        on_case = self.case if self.apc else {v: k for k, v in PAIRS.items()}[self.case]
+        return RunKey(PAIRS[on_case], self.concurrency), RunKey(on_case, self.concurrency, self.hash_algo)
+
+
+def matrix_ids(settings: Settings, cases: str, sweep: bool = False) -> list[str]:
+    """Parametrize ids for ``cases`` at the default concurrency, or over the sweep (sorted, stable)."""
+    levels = settings.sweep_concurrency if sweep else (settings.concurrency,)
+    return [RunKey(case, c).id for case in cases for c in levels]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a cold APC-on server must count for one run, with the tolerance and its reason."""
+
+    expected_hits: int
+    tolerance: int
+    shared_prefix_tokens: int  # S: the prefix as the server sees it (template header included)
+    block_size: int
+    shared_blocks: int  # floor(S / B)
+    computed_tokens_off: int  # prefill the OFF server computes
+    computed_tokens_on: int  # prefill the ON server must still compute (predicted)
+    prefill_bound: float  # computed_off / computed_on: the most prefill APC can save
+
+    def as_dict(self) -> dict[str, float | int]:
+        return dict(self.__dict__)
+
+
+def predict(workload: Workload, header_tokens: int, block_size: int, total_input_tokens: int) -> Prediction:
+    """Expected hits on a cold cache: (N-1) * floor(S/B) * B with S = header + prefix.
+
+    Blocks are registered when scheduled (VLLM-FACTS.md section 3), so the number does not depend on
+    concurrency. A case without a shared prefix can still hit the template header when it spans a block.
+    Tolerance: one block per request for tokenisation at the prefix/suffix boundary.
+    """
+    n = workload.num_prompts
+    shared = header_tokens + workload.prefix_len
+    blocks = shared // block_size
+    expected = (n - 1) * blocks * block_size
+    tolerance = (n - 1) * block_size
+    computed_off = total_input_tokens
+    computed_on = max(1, total_input_tokens - expected)
+    return Prediction(
+        expected_hits=expected,
+        tolerance=tolerance,
+        shared_prefix_tokens=shared,
+        block_size=block_size,
+        shared_blocks=blocks,
+        computed_tokens_off=computed_off,
+        computed_tokens_on=computed_on,
+        prefill_bound=computed_off / computed_on,
+    )

@@ -1,0 +1,362 @@
+"""Every pytest-apc setting, declared once, resolved once.
+
+Each setting exists as a command-line option (``--apc-x``), an ini key (``apc_x``) and an environment
+variable (``PYTEST_APC_X``). One precedence applies to all of them:
+
+    command line  >  environment  >  ini file  >  profile default (--gpu-node / --cpu-node)  >  default
+
+Values are validated here, and an invalid one stops pytest with a single line that names the setting,
+the value and where it came from. The result is one frozen :class:`Settings` object.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PROFILES = ("gpu", "cpu")
+HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+# The CPU default scales every workload length by this factor: 32768 -> 2048.
+CPU_LENGTH_SCALE = 1 / 16
+
+
+class SettingError(ValueError):
+    """An invalid setting; the message names the setting, the value and its source."""
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError("must be > 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError("must be in (0, 1]")
+    return value
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    values = tuple(_positive_int(part) for part in text.replace(",", " ").split())
+    if not values:
+        raise ValueError("must list at least one positive integer")
+    if len(set(values)) != len(values):
+        raise ValueError("must not repeat a value")
+    return values
+
+
+def _hash_algos(text: str) -> tuple[str, ...]:
+    values = tuple(part for part in text.replace(",", " ").split())
+    for value in values:
+        if value not in HASH_ALGOS:
+            raise ValueError(f"unknown hash algorithm {value!r} (choose from {', '.join(HASH_ALGOS)})")
+    return values
+
+
+def _profile(text: str) -> str:
+    if text not in PROFILES:
+        raise ValueError(f"must be one of {', '.join(PROFILES)}")
+    return text
+
+
+def _str(text: str) -> str:
+    return text
+
+
+def _args(text: str) -> tuple[str, ...]:
+    return tuple(shlex.split(text))
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One setting: its name, how to parse it, its defaults and its help text (which is the docs)."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+    metavar: str = "VALUE"
+    gpu: Any = None  # profile defaults, used when not None
+    cpu: Any = None
+    repeatable: bool = False  # option may be given several times; ini is a line list
+
+    @property
+    def option(self) -> str:
+        return "--apc-" + self.name.replace("_", "-")
+
+    @property
+    def ini(self) -> str:
+        return "apc_" + self.name
+
+    @property
+    def env(self) -> str:
+        return "PYTEST_APC_" + self.name.upper()
+
+
+# The one table. Help text follows pytest's rules: capitalised, no final period for a single phrase.
+SPECS: tuple[Spec, ...] = (
+    Spec(
+        "profile",
+        _profile,
+        None,
+        "Where servers come from: gpu (the configured model on this node's GPUs) or "
+        "cpu (vLLM's CPU build with a generated tiny model, lengths scaled down). --gpu-node and --cpu-node "
+        "are shorthands. Without a profile every APC test is skipped",
+        "gpu|cpu",
+    ),
+    Spec(
+        "model",
+        _str,
+        "",
+        "Model served by both servers (path or name). GPU default: $MODEL_70B; CPU default: the generated tiny model",
+        "PATH",
+        cpu="",
+    ),
+    Spec("tokenizer", _str, "", "Tokenizer for the benchmark client. Default: the model", "PATH"),
+    Spec("served_model_name", _str, "apc-model", "Model name the servers expose and the benchmark requests", "NAME"),
+    Spec(
+        "tensor_parallel_size",
+        _non_negative_int,
+        0,
+        "Tensor-parallel size of the GPU servers. 0: the number of visible GPUs",
+        "N",
+        cpu=1,
+    ),
+    Spec(
+        "server_arg",
+        _str,
+        (),
+        "Extra argument appended to both vLLM server command lines after the "
+        "plugin's own flags (repeatable; env and ini take a shell-quoted line)",
+        "ARG",
+        repeatable=True,
+    ),
+    Spec(
+        "server_command",
+        _args,
+        ("{python}", "-m", "vllm.entrypoints.openai.api_server"),
+        "Command that starts one vLLM OpenAI server; {python} is this interpreter",
+        "CMD",
+    ),
+    Spec("host", _str, "127.0.0.1", "Address the launched servers bind to and the benchmark connects to", "ADDR"),
+    Spec("startup_timeout", _positive_float, 1800.0, "Seconds a server may take to become ready", "SECONDS", cpu=600.0),
+    Spec(
+        "stop_timeout",
+        _positive_float,
+        60.0,
+        "Seconds between SIGTERM and SIGKILL when stopping a server",
+        "SECONDS",
+        cpu=20.0,
+    ),
+    Spec("bench_timeout", _positive_float, 3600.0, "Seconds one benchmark run may take", "SECONDS", cpu=600.0),
+    Spec(
+        "results_dir",
+        _str,
+        "apc-results",
+        "Folder for this run's results (one subfolder per run: results.json, server logs, raw benchmark results)",
+        "DIR",
+    ),
+    Spec(
+        "json",
+        _str,
+        "",
+        "Results file, rewritten after every measurement. Default: results.json in "
+        "the run's folder under --apc-results-dir",
+        "PATH",
+    ),
+    Spec("num_prompts", _positive_int, 30, "Prompts per benchmark run", "N"),
+    Spec("output_len", _positive_int, 256, "Output tokens per request (before scaling)", "TOKENS"),
+    Spec("concurrency", _positive_int, 8, "Default --max-concurrency of the six cases", "N"),
+    Spec("sweep_concurrency", _int_list, (1, 2, 4, 8), "Concurrency levels of the sweep over cases C-F", "N,N,..."),
+    Spec("prefix_len", _positive_int, 32768, "Shared prefix of the pure cases C/D (before scaling)", "TOKENS"),
+    Spec("suffix_len", _positive_int, 1024, "Unique suffix of the pure cases C/D (before scaling)", "TOKENS"),
+    Spec("rag_prefix_len", _positive_int, 32000, "Shared prefix of the agent/RAG cases E/F (before scaling)", "TOKENS"),
+    Spec(
+        "input_len",
+        _positive_int,
+        32768,
+        "Unique input of the overhead cases A/B and the suffix of E/F (before scaling)",
+        "TOKENS",
+    ),
+    Spec(
+        "length_scale",
+        _fraction,
+        1.0,
+        "Factor applied to every length above (the CPU profile uses 1/16: 32768 -> 2048)",
+        "FACTOR",
+        cpu=CPU_LENGTH_SCALE,
+    ),
+    Spec("seed", _non_negative_int, 0, "Seed of the benchmark's prompt generation (same for ON and OFF)", "N"),
+    Spec(
+        "max_model_len",
+        _non_negative_int,
+        0,
+        "--max-model-len of the servers. 0: the longest planned prompt plus output, with room for the chat template",
+        "TOKENS",
+    ),
+    Spec(
+        "hash_algos",
+        _hash_algos,
+        (),
+        "Prefix-caching hash algorithms to compare, one APC-on server each (default: only the server's default)",
+        "ALGO,...",
+    ),
+)
+SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved configuration of one pytest run."""
+
+    values: dict[str, Any]
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def enabled(self) -> bool:
+        return self.values["profile"] is not None
+
+    def scaled(self, tokens: int) -> int:
+        """A workload length after ``length_scale``; never below one token."""
+        return max(1, round(tokens * self.values["length_scale"]))
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Declare every setting as an option and an ini key (no option defaults: None means not given)."""
+    group = parser.getgroup("apc", "vLLM automatic prefix caching validation (pytest-apc)")
+    group.addoption(
+        "--gpu-node",
+        action="store_const",
+        const="gpu",
+        dest="apc_profile",
+        help="Launch vLLM GPU servers with the configured model (same as --apc-profile=gpu)",
+    )
+    group.addoption(
+        "--cpu-node",
+        action="store_const",
+        const="cpu",
+        dest="apc_profile",
+        help="Launch vLLM's CPU build with the generated tiny model, lengths scaled down (same as --apc-profile=cpu)",
+    )
+    for spec in SPECS:
+        help_text = f"{spec.help}. Env: {spec.env}; ini: {spec.ini}"
+        if spec.repeatable:
+            group.addoption(spec.option, action="append", dest=spec.ini, metavar=spec.metavar, help=help_text)
+            parser.addini(spec.ini, spec.help, type="args")
+        else:
+            group.addoption(spec.option, dest=spec.ini, metavar=spec.metavar, help=help_text)
+            parser.addini(spec.ini, spec.help, type="string", default="")
+
+
+def _raw(spec: Spec, config: pytest.Config, environ: dict[str, str]) -> tuple[Any, str] | None:
+    """The value as given and where it came from, by precedence; None when nobody set it."""
+    cli = config.getoption(spec.ini, default=None)
+    if cli not in (None, []):
+        return cli, f"option {spec.option}"
+    if environ.get(spec.env, "") != "":
+        return environ[spec.env], f"environment variable {spec.env}"
+    ini = config.getini(spec.ini)
+    if ini not in ("", [], None):
+        return ini, f"ini key {spec.ini}"
+    return None
+
+
+def _convert(spec: Spec, raw: Any, where: str) -> Any:
+    try:
+        if spec.repeatable:
+            items = shlex.split(raw) if isinstance(raw, str) else list(raw)
+            return tuple(spec.parse(item) for item in items)
+        if spec.parse in (_args,) and not isinstance(raw, str):
+            return tuple(raw)
+        return spec.parse(str(raw))
+    except ValueError as err:
+        raise SettingError(f"Invalid {spec.ini} {raw!r} from {where}: {err}") from err
+
+
+def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Settings:
+    """Resolve every setting with the one precedence, then apply cross-setting checks."""
+    env = dict(os.environ if environ is None else environ)
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    profile_raw = _raw(SPEC_BY_NAME["profile"], config, env)
+    profile = _convert(SPEC_BY_NAME["profile"], *profile_raw) if profile_raw else None
+    for spec in SPECS:
+        found = _raw(spec, config, env)
+        if found is not None:
+            values[spec.name] = _convert(spec, *found)
+            sources[spec.name] = found[1]
+            continue
+        profile_default = getattr(spec, profile) if profile in PROFILES else None
+        values[spec.name] = profile_default if profile_default is not None else spec.default
+        sources[spec.name] = f"{profile} profile default" if profile_default is not None else "default"
+    values["profile"] = profile
+    if profile == "gpu" and not values["model"]:
+        if env.get("MODEL_70B"):
+            values["model"] = env["MODEL_70B"]
+            sources["model"] = "environment variable MODEL_70B"
+        else:
+            raise SettingError(
+                "No model for --gpu-node: set --apc-model PATH, PYTEST_APC_MODEL, ini apc_model or $MODEL_70B"
+            )
+    _check_lengths(values, sources)
+    return Settings(values, sources)
+
+
+def _check_lengths(values: dict[str, Any], sources: dict[str, str]) -> None:
+    for name in ("prefix_len", "rag_prefix_len", "input_len", "suffix_len", "output_len"):
+        if round(values[name] * values["length_scale"]) < 1:
+            raise SettingError(
+                f"Invalid {SPEC_BY_NAME[name].ini} {values[name]!r} from {sources[name]}: "
+                f"scaled by length_scale {values['length_scale']} it is below one token"
+            )
+    max_len = values["max_model_len"]
+    if max_len:
+        longest = max(
+            values["prefix_len"] + values["suffix_len"],
+            values["rag_prefix_len"] + values["input_len"],
+            values["input_len"],
+        )
+        longest = round(longest * values["length_scale"]) + round(values["output_len"] * values["length_scale"])
+        if longest > max_len:
+            raise SettingError(
+                f"Invalid apc_max_model_len {max_len} from {sources['max_model_len']}: the longest workload "
+                f"needs {longest} tokens (prefix + suffix + output) plus the chat template"
+            )
+
+
+def setting_names() -> Sequence[str]:
+    """Names of every setting (for the configuration reference and its test)."""
+    return [spec.name for spec in SPECS]
+
+
+def model_path_for_display(path: str) -> str:
+    """Short model name for tables: the last path component."""
+    return Path(path).name or path

@@ -1,0 +1,149 @@
+"""``/metrics`` snapshots and per-run deltas, parsed with ``prometheus_client``.
+
+vLLM counts prefix-cache lookups in tokens: ``vllm:prefix_cache_queries_total`` (every admitted
+request's prompt) and ``vllm:prefix_cache_hits_total`` (whole blocks served from the cache). The
+counters are monotonic (``/reset_prefix_cache`` does not reset them), so a run's numbers are the
+difference of two snapshots. Every series is summed over the ``engine`` label (one per DP rank).
+Older vLLM names are used when the current ones are absent (VLLM-FACTS.md section 1.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# Logical counter -> exposed names, newest first.
+COUNTER_NAMES: dict[str, tuple[str, ...]] = {
+    "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "prompt_tokens": ("vllm:prompt_tokens_total",),
+    "generation_tokens": ("vllm:generation_tokens_total",),
+    "preemptions": ("vllm:num_preemptions_total",),
+    "external_prefix_cache_hits": ("vllm:external_prefix_cache_hits_total",),
+}
+# prompt_tokens_by_source{source=...} -> logical name.
+BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+SOURCES = {
+    "local_compute": "computed_tokens",
+    "local_cache_hit": "cached_tokens",
+    "external_kv_transfer": "external_tokens",
+}
+GAUGES: dict[str, tuple[str, ...]] = {
+    "requests_running": ("vllm:num_requests_running",),
+    "requests_waiting": ("vllm:num_requests_waiting",),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+}
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+# The counters a verdict on cached tokens cannot do without.
+REQUIRED = ("prefix_cache_queries", "prefix_cache_hits")
+
+
+class MetricsError(RuntimeError):
+    """``/metrics`` could not be parsed or lacks what a check needs."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One scrape: samples keyed by (name, sorted labels without ``engine``), summed over engines."""
+
+    samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
+    cache_config: Mapping[str, str] = field(default_factory=dict)
+
+    def total(self, name: str, **labels: str) -> float | None:
+        """Sum of every series of ``name`` whose labels include ``labels``; None when absent."""
+        found = [v for (n, lab), v in self.samples.items() if n == name and set(labels.items()) <= set(lab)]
+        return sum(found) if found else None
+
+    def first_of(self, names: tuple[str, ...]) -> tuple[str, float] | None:
+        for name in names:
+            value = self.total(name)
+            if value is not None:
+                return name, value
+        return None
+
+    def counter(self, logical: str) -> float | None:
+        found = self.first_of(COUNTER_NAMES[logical])
+        return None if found is None else found[1]
+
+    def gauge(self, logical: str) -> float | None:
+        found = self.first_of(GAUGES[logical])
+        return None if found is None else found[1]
+
+
+def parse(text: str) -> Snapshot:
+    """Parse Prometheus text exposition into a :class:`Snapshot`; raises :class:`MetricsError`."""
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    cache_config: dict[str, str] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue  # prometheus_client's creation-time gauge for every counter
+                if sample.name == CACHE_CONFIG_INFO and not cache_config:
+                    cache_config = dict(sample.labels)
+                labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "engine"))
+                key = (sample.name, labels)
+                samples[key] = samples.get(key, 0.0) + float(sample.value)
+    except (ValueError, TypeError, IndexError) as err:
+        raise MetricsError(f"/metrics is not valid Prometheus text: {err}; first line: {text[:120]!r}") from err
+    if not samples:
+        raise MetricsError(f"/metrics has no samples; first line: {text[:120]!r}")
+    return Snapshot(samples, cache_config)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one run changed on the server."""
+
+    prefix_cache_queries: int | None
+    prefix_cache_hits: int | None
+    prompt_tokens: int | None
+    computed_tokens: int | None  # prompt_tokens_by_source{local_compute}
+    cached_tokens: int | None  # prompt_tokens_by_source{local_cache_hit}
+    external_tokens: int | None
+    preemptions: int | None
+    metric_names: dict[str, str]  # which exposed name each logical counter came from
+
+    @property
+    def hit_ratio(self) -> float | None:
+        if not self.prefix_cache_queries or self.prefix_cache_hits is None:
+            return None
+        return self.prefix_cache_hits / self.prefix_cache_queries
+
+    def missing(self) -> list[str]:
+        return [name for name in REQUIRED if getattr(self, name) is None]
+
+    def as_dict(self) -> dict[str, object]:
+        data = dict(self.__dict__)
+        data["hit_ratio"] = self.hit_ratio
+        return data
+
+
+def delta(before: Snapshot, after: Snapshot) -> Delta:
+    """Counters after minus before; a counter absent from either scrape is None (never 0)."""
+    names: dict[str, str] = {}
+    values: dict[str, int | None] = {}
+    for logical, candidates in COUNTER_NAMES.items():
+        a, b = after.first_of(candidates), before.first_of(candidates)
+        if a is None or b is None or a[0] != b[0]:
+            values[logical] = None
+            continue
+        names[logical] = a[0]
+        values[logical] = round(a[1] - b[1])
+    for source, logical in SOURCES.items():
+        a_val, b_val = after.total(BY_SOURCE, source=source), before.total(BY_SOURCE, source=source)
+        values[logical] = None if a_val is None or b_val is None else round(a_val - b_val)
+        if values[logical] is not None:
+            names[logical] = f'{BY_SOURCE}{{source="{source}"}}'
+    return Delta(
+        prefix_cache_queries=values["prefix_cache_queries"],
+        prefix_cache_hits=values["prefix_cache_hits"],
+        prompt_tokens=values["prompt_tokens"],
+        computed_tokens=values["computed_tokens"],
+        cached_tokens=values["cached_tokens"],
+        external_tokens=values["external_tokens"],
+        preemptions=values["preemptions"],
+        metric_names=names,
+    )

@@ -1,0 +1,237 @@
+"""pytest-apc's hooks and fixtures. Everything else lives in plain modules:
+
+* settings: ``config.py`` (every option / ini key / env variable, one precedence)
+* the A-F matrix and the expected hit count: ``cases.py`` (``predict``)
+* where the server is started: ``server.py`` (``VllmServer.start``), driven by ``session.py``
+* the benchmark: ``bench.py``; metrics: ``metrics.py``; verdicts: ``verdict.py``; output: ``report.py``
+"""
+
+from __future__ import annotations
+
+import atexit
+import signal
+import threading
+from collections.abc import Callable, Generator
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from pytest_apc import config as apc_config
+from pytest_apc import procs, report
+from pytest_apc.cases import RunKey
+from pytest_apc.session import ApcSession, RunRecord
+from pytest_apc.verdict import Pair, Verdict
+
+SETTINGS_KEY = pytest.StashKey[apc_config.Settings]()
+SESSION_KEY = pytest.StashKey[ApcSession]()
+SIGTERM_KEY = pytest.StashKey[Any]()
+VERDICTS_KEY = pytest.StashKey[list[Verdict]]()
+
+SKIP_REASON = (
+    "APC tests need servers: pass --gpu-node (vLLM on this node's GPUs with --apc-model or $MODEL_70B) "
+    "or --cpu-node (vLLM's CPU build with a generated tiny model)"
+)
+MARKERS = (
+    "apc: a test of vLLM automatic prefix caching (needs --gpu-node or --cpu-node)",
+    "overhead: cases A/B, APC overhead without a shared prefix",
+    "pure: cases C/D, a shared prefix and a short unique suffix (the pure APC effect)",
+    "rag: cases E/F, a shared prefix and an equally long unique suffix (agent/RAG)",
+    "sweep: the concurrency sweep over cases C-F",
+    "apc_cases(cases, sweep=False): parametrize apc_run / apc_pair over these cases (e.g. 'CD') at the "
+    "default concurrency, or over --apc-sweep-concurrency",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    apc_config.add_options(parser)
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
+    # pytest runs no finalizers on SIGTERM (pytest#5243); as KeyboardInterrupt, servers are stopped.
+    raise KeyboardInterrupt(f"received signal {signum}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    try:
+        settings = apc_config.resolve(config)
+    except apc_config.SettingError as err:
+        raise pytest.UsageError(str(err)) from None
+    config.stash[SETTINGS_KEY] = settings
+    if _is_worker(config):
+        winput = config.workerinput  # type: ignore[attr-defined]
+        procs.configure(winput.get("apc_owner"), winput.get("apc_registry"))
+    else:
+        procs.configure()
+        atexit.register(procs.reap)
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous in (signal.SIG_DFL, None):
+            config.stash[SIGTERM_KEY] = previous
+            signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    if settings.enabled:
+        config.stash[SESSION_KEY] = _new_session(config, settings)
+
+
+def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSession:
+    root = Path(settings.results_dir)
+    if not root.is_absolute():
+        root = Path(config.rootpath) / root
+    worker = getattr(config, "workerinput", {}).get("workerid", "")
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = root / (f"{stamp}-{worker}" if worker else stamp)
+    suffix = 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = root / f"{stamp}-{suffix}"
+    json_path = Path(settings.json) if settings.json else run_dir / "results.json"
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    progress = report.progress_writer(config, tr)
+    return ApcSession(settings=settings, run_dir=run_dir, json_path=json_path, progress=progress)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: workers share this run's owner tag and process registry (for the reaper)."""
+    node.workerinput["apc_owner"] = procs.owner_tag()
+    node.workerinput["apc_registry"] = str(procs.registry_dir())
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    settings = config.stash.get(SETTINGS_KEY, None)
+    if settings is None:
+        return None
+    if not settings.enabled:
+        return ["apc: no profile (--gpu-node / --cpu-node): APC tests will be skipped"]
+    return report.header_lines(settings, verbose=config.get_verbosity() > 0)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("apc_cases")
+    if marker is None:
+        return
+    fixture = "apc_pair" if "apc_pair" in metafunc.fixturenames else "apc_run"
+    settings = metafunc.config.stash[SETTINGS_KEY]
+    cases = marker.args[0]
+    levels = settings.sweep_concurrency if marker.kwargs.get("sweep") else (settings.concurrency,)
+    algos = ("", *(a for a in settings.hash_algos if a)) if marker.kwargs.get("hash_algos") else ("",)
+    ids = [RunKey(case, c, algo).id for case in cases for c in levels for algo in algos]
+    metafunc.parametrize(fixture, ids, indirect=True, ids=ids)
+
+
+def _keys_of(item: pytest.Item) -> list[RunKey]:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return []
+    keys: list[RunKey] = []
+    if "apc_run" in callspec.params:
+        keys.append(RunKey.parse(callspec.params["apc_run"]))
+    if "apc_pair" in callspec.params:
+        keys.extend(RunKey.parse(callspec.params["apc_pair"]).pair())
+    return keys
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection: plan only what will run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    skip = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        uses_apc = bool(_keys_of(item)) or "apc_session" in getattr(item, "fixturenames", ())
+        if uses_apc and item.get_closest_marker("apc") is None:
+            item.add_marker(pytest.mark.apc)
+        if item.get_closest_marker("apc") is None:
+            continue
+        if session is None:
+            item.add_marker(skip)
+        else:
+            session.plan(_keys_of(item))
+
+
+@pytest.fixture(scope="session")
+def apc_settings(pytestconfig: pytest.Config) -> apc_config.Settings:
+    """The resolved pytest-apc settings of this run."""
+    return pytestconfig.stash[SETTINGS_KEY]
+
+
+@pytest.fixture(scope="session")
+def apc_session(pytestconfig: pytest.Config) -> ApcSession:
+    """The measurement session: servers, runs and results of this pytest run."""
+    session = pytestconfig.stash.get(SESSION_KEY, None)
+    if session is None:
+        pytest.skip(SKIP_REASON)
+    return session
+
+
+@pytest.fixture
+def apc_run(request: pytest.FixtureRequest, apc_session: ApcSession) -> RunRecord:
+    """One measured run, e.g. ``D-c8`` (parametrize with ``@pytest.mark.apc_cases``)."""
+    record = apc_session.get(RunKey.parse(request.param))
+    report.record_properties(request.node, record)
+    return record
+
+
+@pytest.fixture
+def apc_pair(request: pytest.FixtureRequest, apc_session: ApcSession) -> Pair:
+    """The OFF and ON run of one pair at one concurrency (parametrize with the ON case, e.g. ``D-c8``)."""
+    off_key, on_key = RunKey.parse(request.param).pair()
+    pair = Pair(off=apc_session.get(off_key), on=apc_session.get(on_key), settings=apc_session.settings)
+    report.record_properties(request.node, pair.on)
+    return pair
+
+
+@pytest.fixture
+def apc_assert(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdict]:
+    """Record a verdict for the results file and fail the test with its message when it did not pass."""
+
+    def check(verdict: Verdict) -> Verdict:
+        request.node.stash.setdefault(VERDICTS_KEY, []).append(verdict)
+        if not verdict.passed:
+            pytest.fail(verdict.message, pytrace=False)
+        return verdict
+
+    return check
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    rep = yield
+    session = item.config.stash.get(SESSION_KEY, None)
+    verdicts = item.stash.get(VERDICTS_KEY, [])
+    if session is not None and rep.when == "call" and verdicts:
+        for verdict in verdicts:
+            session.verdicts.append({**verdict.to_json(), "test": item.nodeid, "outcome": rep.outcome})
+        rep.user_properties.append(("apc_verdicts", [v.to_json() for v in verdicts]))
+        session.write_json()
+    return rep
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    apc = session.config.stash.get(SESSION_KEY, None)
+    if apc is not None:
+        apc.close()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    apc = config.stash.get(SESSION_KEY, None)
+    if apc is None or _is_worker(config):
+        return
+    report.terminal_summary(terminalreporter, apc)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    apc = config.stash.get(SESSION_KEY, None)
+    if apc is not None:
+        apc.close()
+    if not _is_worker(config):
+        procs.reap()
+    if SIGTERM_KEY in config.stash and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, config.stash[SIGTERM_KEY] or signal.SIG_DFL)

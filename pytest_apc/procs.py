@@ -1,0 +1,147 @@
+"""Child processes that never outlive pytest.
+
+Every server (and the benchmark worker) starts in a new session, so its process group holds vLLM's
+API server, EngineCore and tensor-parallel workers. Each one is
+
+* tagged with ``PYTEST_APC_OWNER`` in its environment, so a descendant that left the group can still be
+  found (the mirakuru pattern);
+* registered as a file ``<pgid>.pgid`` in a registry folder shared by the controller and every xdist
+  worker (passed through ``workerinput``), so the controller can kill what a crashed or interrupted
+  worker left behind.
+
+Stopping is SIGTERM to the group, a grace period, then SIGKILL to the group and to every tagged
+descendant. ``reap()`` does the SIGKILL part for everything registered or tagged; the plugin calls it
+from ``pytest_unconfigure`` and at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+OWNER_ENV = "PYTEST_APC_OWNER"
+
+
+# Set by configure(): the controller creates both, xdist workers receive them through workerinput.
+# Deliberately not exported to os.environ: a nested pytest (the plugin's own tests) must get its own.
+_state: dict[str, str] = {}
+
+
+def configure(tag: str | None = None, registry: str | None = None) -> tuple[str, str]:
+    """Set this process's owner tag and registry folder (new ones unless given); return both."""
+    tag = tag or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    registry = registry or tempfile.mkdtemp(prefix=f"pytest-apc-{tag}-")
+    Path(registry).mkdir(parents=True, exist_ok=True)
+    _state.update(tag=tag, registry=registry)
+    return tag, registry
+
+
+def owner_tag() -> str:
+    """The tag of this pytest run."""
+    if "tag" not in _state:
+        configure()
+    return _state["tag"]
+
+
+def registry_dir() -> Path:
+    """The registry folder of this pytest run."""
+    if "registry" not in _state:
+        configure()
+    return Path(_state["registry"])
+
+
+def spawn(
+    argv: Sequence[str], env: dict[str, str], log: IO[bytes], stdin: int = subprocess.DEVNULL
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in its own session and process group, tagged and registered."""
+    env = {**env, OWNER_ENV: owner_tag()}
+    proc = subprocess.Popen(
+        list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=stdin,
+        env=env, start_new_session=True,
+    )  # fmt: skip
+    (registry_dir() / f"{proc.pid}.pgid").write_text(" ".join(argv))
+    return proc
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.pid != os.getpid() and proc.environ().get(OWNER_ENV) == tag:
+                found.append(proc)
+    return found
+
+
+def _alive(procs: Sequence[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+    return alive
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float) -> int | None:
+    """SIGTERM the group, wait ``grace`` seconds, SIGKILL group and descendants; return the exit code."""
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    _killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if proc.poll() is not None and not _alive(descendants):
+            break
+        time.sleep(0.2)
+    _killpg(proc.pid, signal.SIGKILL)
+    for child in _alive(descendants):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    try:
+        code = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
+        code = None
+    psutil.wait_procs(_alive(descendants), timeout=10)
+    with contextlib.suppress(FileNotFoundError):
+        (registry_dir() / f"{proc.pid}.pgid").unlink()
+    return code
+
+
+def reap(tag: str | None = None) -> list[int]:
+    """SIGKILL every registered group and every process tagged with this run; return the pids killed."""
+    killed: list[int] = []
+    registry = _state.get("registry")
+    if registry and Path(registry).is_dir():
+        for entry in Path(registry).glob("*.pgid"):
+            pgid = int(entry.stem)
+            if psutil.pid_exists(pgid):
+                _killpg(pgid, signal.SIGKILL)
+                killed.append(pgid)
+            entry.unlink(missing_ok=True)
+    tag = tag or _state.get("tag")
+    if tag:
+        for proc in _tagged(tag):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+                killed.append(proc.pid)
+    return killed
+
+
+def leftovers(tag: str) -> list[psutil.Process]:
+    """Live processes tagged with ``tag`` (for tests: must be empty after a run)."""
+    return _alive(_tagged(tag))

@@ -1,0 +1,383 @@
+"""One vLLM server: launch, readiness, prefix-cache reset, scrapes, logs, stop.
+
+A server is ready only when all of these hold, checked in this order on every poll:
+the process is alive; ``GET /health`` is 200; ``/v1/models`` lists the served model; ``/metrics`` shows
+``vllm:cache_config_info`` whose ``enable_prefix_caching`` matches the mode. A process that exits while
+starting fails at once with its log tail; one that is not ready by the timeout is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from pytest_apc import metrics, procs
+
+# "CPU KV cache size: 4,194,304 tokens, ..." / "GPU KV cache size: ..." (VLLM-FACTS.md section 4)
+KV_CACHE_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens.*")
+ADDRESS_IN_USE = "Address already in use"
+
+
+class ServerError(RuntimeError):
+    """A server that could not start, died, or answered what it must not."""
+
+
+@dataclass(frozen=True, order=True)
+class ServerMode:
+    """Which server: APC on or off, and (APC on only) a prefix-caching hash algorithm."""
+
+    apc: bool
+    hash_algo: str = ""
+
+    @property
+    def name(self) -> str:
+        return ("apc-on" if self.apc else "apc-off") + (f"-{self.hash_algo}" if self.hash_algo else "")
+
+
+@dataclass
+class ServerInfo:
+    """What the results file records about one server."""
+
+    mode: str
+    command: list[str]
+    url: str
+    log: str
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    kv_cache_size_tokens: int | None = None
+    prefix_caching_hash_algo: str | None = None
+    kv_cache_line: str | None = None
+    version: str | None = None
+    max_model_len: int | None = None
+    startup_s: float | None = None
+    chat_header_tokens: int | None = None  # tokens the chat template puts before the user's text
+    cache_config: dict[str, str] = field(default_factory=dict)
+
+
+def free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def build_command(
+    base: Sequence[str],
+    *,
+    model: str,
+    served_model_name: str,
+    host: str,
+    port: int,
+    mode: ServerMode,
+    max_model_len: int,
+    tensor_parallel_size: int,
+    extra: Sequence[str],
+) -> list[str]:
+    """The server command line: the plugin's flags first, the user's ``--apc-server-arg`` last."""
+    argv = [part.replace("{python}", sys.executable) for part in base]
+    argv += ["--model", model, "--served-model-name", served_model_name, "--host", host, "--port", str(port)]
+    argv += ["--max-model-len", str(max_model_len), "--seed", "0"]
+    if tensor_parallel_size > 1:
+        argv += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    argv += ["--enable-prefix-caching" if mode.apc else "--no-enable-prefix-caching"]
+    if mode.hash_algo:
+        argv += ["--prefix-caching-hash-algo", mode.hash_algo]
+    return argv + list(extra)
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last lines of a log file, decoded leniently (vLLM logs can hold anything)."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        return f"<no log: {err}>"
+    text = data[-200_000:].decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class VllmServer:
+    """A vLLM OpenAI server this plugin launched (``start``/``stop``) and talks to."""
+
+    def __init__(
+        self,
+        mode: ServerMode,
+        command_for_port: Callable[[int], list[str]],
+        *,
+        host: str,
+        served_model_name: str,
+        env: dict[str, str],
+        log_path: Path,
+        startup_timeout: float,
+        stop_timeout: float,
+        on_progress: Callable[[str], None] | None = None,
+    ) -> None:
+        self.mode = mode
+        self.host = host
+        self.served_model_name = served_model_name
+        self._command_for_port = command_for_port
+        self.env = env
+        self.log_path = log_path
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self._progress = on_progress or (lambda message: None)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.info = ServerInfo(mode=mode.name, command=[], url="", log=str(log_path))
+        self.http = requests.Session()
+        self.gpu_baseline = gpu_memory_used_mib()  # to wait for its release after stop
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def command_line(self) -> str:
+        return shlex.join(self.info.command)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> ServerInfo:
+        """Launch and wait until ready; retries once on a port taken between choosing and binding it."""
+        started = time.monotonic()
+        for attempt in range(3):
+            self.port = free_port(self.host)
+            self.info.command = self._command_for_port(self.port)
+            self.info.url = self.url
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("ab") as log:
+                log.write(f"\n===== pytest-apc: {self.command_line}\n".encode())
+                log.flush()
+                try:
+                    self.proc = procs.spawn(self.info.command, self.env, log)
+                except OSError as err:
+                    raise ServerError(
+                        f"{self.mode.name} server could not be executed: {err}\ncommand: {self.command_line}"
+                    ) from err
+            try:
+                self._wait_ready(started)
+            except ServerError:
+                self.stop()
+                if attempt < 2 and ADDRESS_IN_USE in tail(self.log_path, 30):
+                    continue
+                raise
+            self.info.startup_s = round(time.monotonic() - started, 3)
+            return self.info
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _failure(self, what: str) -> ServerError:
+        return ServerError(
+            f"{self.mode.name} server {what}\n"
+            f"command: {self.command_line}\n"
+            f"log: {self.log_path}\n"
+            f"--- last lines of the server log ---\n{tail(self.log_path)}"
+        )
+
+    def _wait_ready(self, started: float) -> None:
+        deadline = started + self.startup_timeout
+        waiting_for = "the process to listen (/health)"
+        last_note = 0.0
+        while True:
+            assert self.proc is not None
+            code = self.proc.poll()
+            if code is not None:
+                raise self._failure(f"exited with code {code} while starting (waiting for {waiting_for})")
+            if time.monotonic() > deadline:
+                raise self._failure(
+                    f"was not ready after {self.startup_timeout:.0f} s (still waiting for {waiting_for}); "
+                    "raise --apc-startup-timeout if the model is just slow to load"
+                )
+            now = time.monotonic()
+            if now - last_note > 15:
+                last_note = now
+                kv = self._kv_cache_line()
+                self._progress(
+                    f"{self.mode.name}: starting, {now - started:.0f} s, waiting for {waiting_for}"
+                    + (f"; {kv}" if kv else "")
+                )
+            with contextlib.suppress(requests.RequestException):
+                waiting_for = self._readiness_step()
+            if waiting_for == "":
+                return
+            time.sleep(0.5)
+
+    def _readiness_step(self) -> str:
+        """One poll; returns what is still awaited, "" when ready. Raises ServerError on a wrong server."""
+        if self.http.get(f"{self.url}/health", timeout=5).status_code != 200:
+            return "/health to return 200"
+        models = self.http.get(f"{self.url}/v1/models", timeout=5).json()
+        ids = [entry.get("id") for entry in models.get("data", [])]
+        if self.served_model_name not in ids:
+            return f"/v1/models to list {self.served_model_name!r} (lists {ids})"
+        for entry in models["data"]:
+            if entry.get("id") == self.served_model_name:
+                self.info.max_model_len = entry.get("max_model_len")
+        snapshot = self.scrape()
+        config = snapshot.cache_config
+        if not config:
+            return f"/metrics to show {metrics.CACHE_CONFIG_INFO} (KV cache initialised)"
+        enabled = config.get("enable_prefix_caching")
+        if enabled != str(self.mode.apc):
+            raise self._failure(
+                f"reports {metrics.CACHE_CONFIG_INFO}{{enable_prefix_caching={enabled!r}}} but this is the "
+                f"{self.mode.name} server: the server does not run in the mode it was started for "
+                "(check --apc-server-arg for a conflicting --enable-prefix-caching)"
+            )
+        if self.mode.hash_algo and config.get("prefix_caching_hash_algo") != self.mode.hash_algo:
+            raise self._failure(
+                f"reports prefix_caching_hash_algo={config.get('prefix_caching_hash_algo')!r}, "
+                f"expected {self.mode.hash_algo!r}"
+            )
+        self._record(config)
+        return ""
+
+    def _record(self, config: Mapping[str, str]) -> None:
+        def as_int(name: str) -> int | None:
+            value = config.get(name)
+            return int(value) if value not in (None, "None", "") and str(value).isdigit() else None
+
+        self.info.cache_config = dict(config)
+        self.info.block_size = as_int("block_size")
+        self.info.num_gpu_blocks = as_int("num_gpu_blocks")
+        self.info.kv_cache_size_tokens = as_int("kv_cache_size_tokens")
+        if self.info.kv_cache_size_tokens is None and self.info.block_size and self.info.num_gpu_blocks:
+            self.info.kv_cache_size_tokens = self.info.block_size * self.info.num_gpu_blocks
+        self.info.prefix_caching_hash_algo = config.get("prefix_caching_hash_algo")
+        self.info.kv_cache_line = self._kv_cache_line()
+        with contextlib.suppress(requests.RequestException, ValueError):
+            self.info.version = self.http.get(f"{self.url}/version", timeout=5).json().get("version")
+
+    def _kv_cache_line(self) -> str | None:
+        found = KV_CACHE_LINE.findall(tail(self.log_path, 400))
+        return None if not found else f"{found[-1][0]} KV cache size: {found[-1][1]} tokens"
+
+    def stop(self) -> None:
+        """SIGTERM the whole process group, wait, SIGKILL; always safe to call."""
+        if self.proc is not None:
+            procs.stop(self.proc, self.stop_timeout)
+            self.proc = None
+        self.http.close()
+        self.http = requests.Session()
+
+    # -- what a measurement needs -------------------------------------------------------------------------
+
+    def check_alive(self, doing: str) -> None:
+        if not self.alive():
+            code = self.proc.poll() if self.proc else None
+            raise self._failure(f"is not running (exit code {code}) {doing}")
+
+    def scrape(self) -> metrics.Snapshot:
+        response = self.http.get(f"{self.url}/metrics", timeout=30)
+        if response.status_code != 200:
+            raise metrics.MetricsError(f"GET {self.url}/metrics answered HTTP {response.status_code}")
+        return metrics.parse(response.text)
+
+    def reset_prefix_cache(self, attempts: int = 5) -> str:
+        """Reset and require ``{"success": true}``; escalate to ``reset_running_requests``. Returns how."""
+        self.check_alive("before the prefix-cache reset")
+        tried: list[str] = []
+        for attempt in range(attempts):
+            params = {"reset_running_requests": "true"} if attempt == attempts - 1 else {}
+            response = self.http.post(f"{self.url}/reset_prefix_cache", params=params, timeout=30)
+            label = "POST /reset_prefix_cache" + ("?reset_running_requests=true" if params else "")
+            if response.status_code == 404:
+                raise self._failure(
+                    "has no /reset_prefix_cache (HTTP 404): it must run with VLLM_SERVER_DEV_MODE=1, "
+                    "otherwise every run after the first would measure a warm cache"
+                )
+            body: Any
+            try:
+                body = response.json()
+            except ValueError:
+                body = response.text[:200]
+            tried.append(f"{label} -> HTTP {response.status_code} {body!r}")
+            if response.status_code == 200 and isinstance(body, dict) and body.get("success") is True:
+                return tried[-1]
+            time.sleep(1.0)
+        raise self._failure(
+            "did not reset its prefix cache, so the next run would start warm:\n  " + "\n  ".join(tried)
+        )
+
+    def wait_idle(self, timeout: float = 30.0) -> metrics.Snapshot:
+        """Scrape until no request runs or waits and the counters stop moving (all stats flushed)."""
+        deadline = time.monotonic() + timeout
+        previous: metrics.Snapshot | None = None
+        while True:
+            snapshot = self.scrape()
+            busy = (snapshot.gauge("requests_running") or 0) + (snapshot.gauge("requests_waiting") or 0)
+            keys = ("prefix_cache_queries", "prefix_cache_hits", "prompt_tokens")
+            stable = previous is not None and all(previous.counter(k) == snapshot.counter(k) for k in keys)
+            if (busy == 0 and stable) or time.monotonic() > deadline:
+                return snapshot
+            previous = snapshot
+            time.sleep(0.3)
+
+    def chat_header_tokens(self) -> int:
+        """Tokens the chat template puts before the user's text, measured through ``/tokenize``.
+
+        Two messages that differ from their first character on share exactly the header.
+        """
+        counts = []
+        for text in ("Apc probe text", "Zebra other text"):
+            body = {"model": self.served_model_name, "messages": [{"role": "user", "content": text}]}
+            response = self.http.post(f"{self.url}/tokenize", json=body, timeout=30)
+            response.raise_for_status()
+            counts.append(response.json()["tokens"])
+        common = 0
+        for a, b in zip(counts[0], counts[1], strict=False):
+            if a != b:
+                break
+            common += 1
+        return common
+
+
+def gpu_memory_used_mib() -> list[int] | None:
+    """Used memory per GPU from nvidia-smi, or None where there is none."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout  # fmt: skip
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return [int(line.strip()) for line in out.splitlines() if line.strip().isdigit()]
+
+
+def wait_gpu_memory_released(baseline: list[int] | None, timeout: float = 120.0, slack_mib: int = 1024) -> float:
+    """Wait until every GPU is back within ``slack_mib`` of ``baseline``; return the seconds waited."""
+    started = time.monotonic()
+    if baseline is None:
+        return 0.0
+    while time.monotonic() - started < timeout:
+        now = gpu_memory_used_mib()
+        if now is None or all(u <= b + slack_mib for u, b in zip(now, baseline, strict=False)):
+            break
+        time.sleep(1.0)
+    return round(time.monotonic() - started, 3)
+
+
+def server_env(profile: str) -> dict[str, str]:
+    """Environment of a launched server: dev mode for the reset endpoint, offline, CPU KV space."""
+    env = dict(os.environ)
+    env["VLLM_SERVER_DEV_MODE"] = "1"  # registers /reset_prefix_cache
+    if profile == "cpu":
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    return env

@@ -1,0 +1,419 @@
+"""The measurement session: which runs this pytest run needs, and running each exactly once.
+
+At collection the plugin tells the session every run the selected tests need (``plan``). The first
+test that asks for a run of a server mode triggers *all* planned runs of that mode, on one freshly
+launched server that is stopped afterwards. So whatever tests are selected and in whatever order:
+one launch per mode, never two servers alive at once, every run measured once and shared.
+
+One measurement (``_measure``): reset the prefix cache (require success), scrape ``/metrics``, run
+vLLM's benchmark, wait until the server is idle, scrape again, keep the deltas. Every finished run is
+written to the results file at once, so a later crash loses nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pytest_apc import metrics
+from pytest_apc.bench import BenchError, BenchRunner, bench_args
+from pytest_apc.cases import CASE_FAMILY, FAMILIES, Prediction, RunKey, Workload, predict, workload_for
+from pytest_apc.config import Settings
+from pytest_apc.server import (
+    ServerError,
+    ServerInfo,
+    ServerMode,
+    VllmServer,
+    build_command,
+    gpu_memory_used_mib,
+    server_env,
+    tail,
+    wait_gpu_memory_released,
+)
+
+SCHEMA_VERSION = 1
+
+
+class MeasurementError(AssertionError):
+    """A run that could not be measured; the message says what happened and how to reproduce it."""
+
+
+@dataclass
+class RunRecord:
+    """One measured run, as the tests see it and the results file stores it."""
+
+    key: RunKey
+    workload: Workload
+    server: ServerInfo
+    bench: dict[str, Any]
+    delta: metrics.Delta | None
+    metrics_error: str | None
+    bench_command: str
+    bench_result_file: str
+    reset: str | None
+    header_tokens: int
+    wall_s: float
+    prediction: Prediction | None = None
+
+    @property
+    def block_size(self) -> int | None:
+        return self.server.block_size
+
+    def require_counters(self) -> metrics.Delta:
+        """The counter deltas, or a "cannot verify" failure naming what is missing."""
+        if self.metrics_error:
+            raise MeasurementError(f"cannot verify the prefix cache of run {self.key.id}: {self.metrics_error}")
+        assert self.delta is not None
+        missing = self.delta.missing()
+        if missing:
+            raise MeasurementError(
+                f"cannot verify the prefix cache of run {self.key.id}: /metrics of the {self.server.mode} server "
+                f"has no {', '.join(missing)} counter (looked for "
+                f"{', '.join(n for m in missing for n in metrics.COUNTER_NAMES[m])}); "
+                "metrics disabled or a vLLM too old for per-run deltas"
+            )
+        return self.delta
+
+    def to_json(self) -> dict[str, Any]:
+        b = self.bench
+        duration = float(b["duration"])
+        d = self.delta
+        return {
+            "id": self.key.id,
+            "case": self.key.case,
+            "family": self.key.family,
+            "apc": self.key.apc,
+            "hash_algo": self.key.hash_algo or self.server.prefix_caching_hash_algo,
+            "concurrency": self.key.concurrency,
+            "num_prompts": self.workload.num_prompts,
+            "dataset": self.workload.dataset,
+            "prefix_len": self.workload.prefix_len,
+            "suffix_len": self.workload.suffix_len,
+            "output_len": self.workload.output_len,
+            "seed": self.workload.seed,
+            "completed": b["completed"],
+            "failed": b["failed"],
+            "total_input_tokens": b["total_input_tokens"],
+            "total_output_tokens": b.get("total_output_tokens"),
+            "median_ttft_ms": b["median_ttft_ms"],
+            "mean_ttft_ms": b.get("mean_ttft_ms"),
+            "p99_ttft_ms": b.get("p99_ttft_ms"),
+            "median_tpot_ms": b.get("median_tpot_ms"),
+            "median_e2el_ms": b.get("median_e2el_ms"),
+            "p99_e2el_ms": b.get("p99_e2el_ms"),
+            "input_throughput": b["total_input_tokens"] / duration if duration > 0 else None,
+            "output_throughput": b.get("output_throughput"),
+            "request_throughput": b.get("request_throughput"),
+            "ttfts_ms": [round(t * 1000, 3) for t in b.get("ttfts") or []],
+            "prefix_cache_queries": d.prefix_cache_queries if d else None,
+            "prefix_cache_hits": d.prefix_cache_hits if d else None,
+            "hit_ratio": d.hit_ratio if d else None,
+            "prompt_tokens": d.prompt_tokens if d else None,
+            "computed_tokens": d.computed_tokens if d else None,
+            "cached_tokens": d.cached_tokens if d else None,
+            "preemptions": d.preemptions if d else None,
+            "metric_names": d.metric_names if d else {},
+            "metrics_error": self.metrics_error,
+            "block_size": self.block_size,
+            "header_tokens": self.header_tokens,
+            "prediction": self.prediction.as_dict() if self.prediction else None,
+            "server": self.server.mode,
+            "reset": self.reset,
+            "bench_command": self.bench_command,
+            "bench_result_file": self.bench_result_file,
+            "bench_duration_s": duration,
+            "wall_s": self.wall_s,
+        }
+
+
+@dataclass
+class ApcSession:
+    """Owns the plan, the servers (one at a time), the benchmark worker and the results file."""
+
+    settings: Settings
+    run_dir: Path
+    json_path: Path
+    progress: Callable[[str], None] = lambda message: None
+    planned: set[RunKey] = field(default_factory=set)
+    records: dict[RunKey, RunRecord] = field(default_factory=dict)
+    errors: dict[RunKey, str] = field(default_factory=dict)
+    launches: Counter[str] = field(default_factory=Counter)
+    servers: dict[str, ServerInfo] = field(default_factory=dict)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    started_wall: float = field(default_factory=time.monotonic)
+    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    server_seconds: float = 0.0
+    _done_modes: set[ServerMode] = field(default_factory=set)
+    _active: VllmServer | None = None
+    _bench: BenchRunner | None = None
+    _model: str | None = None
+
+    # -- plan --------------------------------------------------------------------------------------------
+
+    def plan(self, keys: Iterable[RunKey]) -> None:
+        self.planned.update(keys)
+
+    def workload(self, family: str) -> Workload:
+        return workload_for(family, self.settings)
+
+    def max_model_len(self) -> int:
+        """Room for the longest workload of any family (same on every server, whatever is selected)."""
+        if self.settings.max_model_len:
+            return int(self.settings.max_model_len)
+        longest = max(w.prompt_len + w.output_len for w in map(self.workload, FAMILIES))
+        return -(-(longest + 256) // 256) * 256  # chat template headroom, rounded up
+
+    # -- the one entry point tests use ---------------------------------------------------------------------
+
+    def get(self, key: RunKey) -> RunRecord:
+        """The measured run for ``key`` (measuring its whole server mode first if needed)."""
+        if key not in self.records and key not in self.errors:
+            self.planned.add(key)
+            mode = ServerMode(key.apc, key.hash_algo)
+            if mode in self._done_modes:
+                # Not planned at collection (a dynamic request): measuring it would need a second launch.
+                raise MeasurementError(
+                    f"run {key.id} was not planned at collection and its {mode.name} server is already stopped"
+                )
+            self._measure_mode(mode)
+        if key in self.errors:
+            raise MeasurementError(self.errors[key])
+        return self.records[key]
+
+    # -- servers -----------------------------------------------------------------------------------------
+
+    def model(self) -> str:
+        if self._model is None:
+            if self.settings.profile == "cpu" and not self.settings.model:
+                from pytest_apc.tinymodel import ensure_tiny_model
+
+                self.progress("generating the tiny CPU model (cached after the first run)")
+                self._model = str(ensure_tiny_model())
+            else:
+                self._model = str(self.settings.model)
+        return self._model
+
+    def tensor_parallel_size(self) -> int:
+        if self.settings.tensor_parallel_size:
+            return int(self.settings.tensor_parallel_size)
+        if self.settings.profile == "gpu":
+            used = gpu_memory_used_mib()
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if visible:
+                return len([v for v in visible.split(",") if v.strip()])
+            return max(1, len(used or []))
+        return 1
+
+    def _new_server(self, mode: ServerMode) -> VllmServer:
+        s = self.settings
+        model = self.model()
+
+        def command(port: int) -> list[str]:
+            return build_command(
+                s.server_command,
+                model=model,
+                served_model_name=s.served_model_name,
+                host=s.host,
+                port=port,
+                mode=mode,
+                max_model_len=self.max_model_len(),
+                tensor_parallel_size=self.tensor_parallel_size(),
+                extra=s.server_arg,
+            )
+
+        return VllmServer(
+            mode,
+            command,
+            host=s.host,
+            served_model_name=s.served_model_name,
+            env=server_env(s.profile),
+            log_path=self.run_dir / f"server-{mode.name}.log",
+            startup_timeout=s.startup_timeout,
+            stop_timeout=s.stop_timeout,
+            on_progress=self.progress,
+        )
+
+    def _stop_active(self) -> None:
+        if self._active is not None:
+            baseline = self._active.gpu_baseline
+            self._active.stop()
+            self._active = None
+            waited = wait_gpu_memory_released(baseline)
+            if waited:
+                self.progress(f"waited {waited:.0f} s for GPU memory to be released")
+
+    def _measure_mode(self, mode: ServerMode) -> None:
+        keys = sorted(k for k in self.planned if ServerMode(k.apc, k.hash_algo) == mode)
+        self._done_modes.add(mode)
+        self._stop_active()
+        server = self._new_server(mode)
+        self.launches[mode.name] += 1
+        self.progress(f"{mode.name}: launching ({len(keys)} runs planned)")
+        t0 = time.monotonic()
+        if self._bench is None:
+            self._bench = BenchRunner(self.run_dir / "bench-worker")
+        self._bench.prewarm()  # vLLM's import overlaps the server start-up
+        try:
+            info = server.start()
+        except ServerError as err:
+            server.stop()
+            self.server_seconds += time.monotonic() - t0
+            message = f"the {mode.name} server could not start:\n{err}"
+            for key in keys:
+                self.errors[key] = message
+            self.servers[mode.name] = server.info
+            self.write_json()
+            return
+        self._active = server
+        self.server_seconds += time.monotonic() - t0
+        try:
+            info.chat_header_tokens = server.chat_header_tokens()
+        except Exception as err:  # noqa: BLE001 - a server without /tokenize: predictions cannot be made
+            self.progress(f"{mode.name}: /tokenize failed ({err}); predictions will fail")
+        self.servers[mode.name] = info
+        self.progress(
+            f"{mode.name}: ready in {info.startup_s:.0f} s; block size {info.block_size}, "
+            f"{info.kv_cache_line or 'KV cache size line not seen'}"
+        )
+        self.write_json()
+        first_failure: str | None = None
+        try:
+            for key in keys:
+                if first_failure and not server.alive():
+                    self.errors[key] = (
+                        f"run {key.id} was not measured: the {mode.name} server is no longer running; "
+                        f"the first failure was: {first_failure}"
+                    )
+                    continue
+                self.progress(f"{mode.name}: measuring {key.id}")
+                t1 = time.monotonic()
+                try:
+                    self.records[key] = self._measure(key, server)
+                except (BenchError, ServerError, metrics.MetricsError, OSError, ValueError) as err:
+                    alive = server.alive()
+                    extra = (
+                        "" if alive else f"\n--- the server died; last lines of its log ---\n{tail(server.log_path)}"
+                    )
+                    self.errors[key] = f"run {key.id} failed: {err}{extra}"
+                    first_failure = first_failure or f"run {key.id}"
+                    if not alive:
+                        first_failure = f"run {key.id} (the server died during it)"
+                self.progress(f"{mode.name}: {key.id} done in {time.monotonic() - t1:.1f} s")
+                self.write_json()
+        finally:
+            t2 = time.monotonic()
+            self._stop_active()
+            self.server_seconds += time.monotonic() - t2
+            self.write_json()
+
+    def _measure(self, key: RunKey, server: VllmServer) -> RunRecord:
+        started = time.monotonic()
+        workload = self.workload(key.family)
+        reset = server.reset_prefix_cache() if key.apc else None
+        server.check_alive("before the run")
+        before: metrics.Snapshot | None
+        metrics_error: str | None = None
+        try:
+            before = server.wait_idle()
+        except metrics.MetricsError as err:
+            before, metrics_error = None, str(err)
+        bench_dir = self.run_dir / "bench"
+        filename = f"{key.id}.json"
+        argv = bench_args(
+            workload,
+            key,
+            base_url=server.url,
+            model=self.model(),
+            tokenizer=self.settings.tokenizer,
+            served_model_name=self.settings.served_model_name,
+            result_dir=bench_dir,
+            result_filename=filename,
+        )
+        assert self._bench is not None
+        bench_dir.mkdir(parents=True, exist_ok=True)
+        outcome = self._bench.run(
+            argv, bench_dir / filename, workload.num_prompts, bench_dir / f"{key.id}.log", self.settings.bench_timeout
+        )
+        server.check_alive("after the benchmark")
+        delta = None
+        if before is not None:
+            try:
+                delta = metrics.delta(before, server.wait_idle())
+            except metrics.MetricsError as err:
+                metrics_error = str(err)
+        header = server.info.chat_header_tokens
+        record = RunRecord(
+            key=key,
+            workload=workload,
+            server=server.info,
+            bench=outcome.result,
+            delta=delta,
+            metrics_error=metrics_error,
+            bench_command=outcome.command,
+            bench_result_file=str(outcome.result_path),
+            reset=reset,
+            header_tokens=header if header is not None else -1,
+            wall_s=round(time.monotonic() - started, 3),
+        )
+        if header is not None and server.info.block_size:
+            record.prediction = predict(
+                workload, header, server.info.block_size, int(outcome.result["total_input_tokens"])
+            )
+        return record
+
+    # -- results -----------------------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        records = sorted(self.records.values(), key=lambda r: (CASE_FAMILY[r.key.case], r.key))
+        bench_s = sum(float(r.bench["duration"]) for r in records)
+        measure_s = sum(r.wall_s for r in records)
+        elapsed = time.monotonic() - self.started_wall
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "started_at": self.started_at,
+            "profile": self.settings.profile,
+            "model": self._model or self.settings.model,
+            "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.settings.values.items()},
+            "server_launches": dict(self.launches),
+            "servers": [info.__dict__ for info in self.servers.values()],
+            "runs": [r.to_json() for r in records],
+            "errors": {k.id: v for k, v in sorted(self.errors.items())},
+            "verdicts": self.verdicts,
+            "timing": {
+                "suite_elapsed_s": round(elapsed, 3),
+                "server_lifecycle_s": round(self.server_seconds, 3),
+                "measurements_wall_s": round(measure_s, 3),
+                "bench_duration_s": round(bench_s, 3),
+                # Time the suite spent on anything but starting/stopping servers and measuring.
+                "harness_overhead_s": round(elapsed - self.server_seconds - measure_s, 3),
+                # Suite time over (server lifecycle + the benchmarks' own durations); target <= 1.05 on GPU.
+                "overhead_ratio": round(elapsed / (self.server_seconds + bench_s), 3)
+                if self.server_seconds + bench_s > 0
+                else None,
+            },
+        }
+
+    def write_json(self) -> None:
+        self.json_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.json_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2, default=str))
+        os.replace(tmp, self.json_path)
+
+    def close(self) -> None:
+        """Stop whatever still runs (also on Ctrl-C / SIGTERM) and write the final results."""
+        with contextlib.suppress(Exception):
+            self._stop_active()
+        if self._bench is not None:
+            with contextlib.suppress(Exception):
+                self._bench.close()
+            self._bench = None
+        with contextlib.suppress(Exception):
+            self.write_json()

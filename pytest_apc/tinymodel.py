@@ -1,0 +1,155 @@
+"""The generated tiny model that the CPU default (``--cpu-node``) serves.
+
+No model can be downloaded on the machines this runs on, so the plugin makes one: a Llama with random
+weights (2 layers, head_dim 64 because vLLM's CPU attention rejects 16) and a small byte-level BPE
+tokenizer trained on text that every Python installation ships (its standard library sources), with a
+chat template so that the ``openai-chat`` backend works exactly as on a GPU node.
+
+The model is generated once into a cache folder named after its specification and reused afterwards;
+generation writes into a temporary folder and renames it, so concurrent runs never see half a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# Bump when the generated files change in a way that matters to a server.
+TINY_MODEL_VERSION = 1
+
+VOCAB_SIZE = 4096
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+# A fixed system header makes every chat prompt start with the same tokens, as real templates
+# (Llama 3's "Cutting Knowledge Date" block) do: the plugin must measure it, not assume it away.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}<|system|>\nYou are a tiny test model served by pytest-apc.<|end|>\n"
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+MODEL_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "max_position_embeddings": 65536,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "float32",
+}
+
+
+def default_cache_dir() -> Path:
+    """Where generated models live: ``$PYTEST_APC_CACHE_DIR``, else ``$XDG_CACHE_HOME/pytest-apc``."""
+    env = os.environ.get("PYTEST_APC_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "pytest-apc"
+
+
+def _spec_digest() -> str:
+    spec = {
+        "version": TINY_MODEL_VERSION,
+        "config": MODEL_CONFIG,
+        "template": CHAT_TEMPLATE,
+        "special": SPECIAL_TOKENS,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _training_files(limit_bytes: int = 6_000_000) -> list[str]:
+    """Python standard library sources: present everywhere, deterministic order, enough text."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files: list[str] = []
+    total = 0
+    for path in sorted(stdlib.glob("*.py")):
+        files.append(str(path))
+        total += path.stat().st_size
+        if total >= limit_bytes:
+            break
+    return files
+
+
+def _build_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train(_training_files(), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="</s>",
+        additional_special_tokens=SPECIAL_TOKENS[3:],
+        model_max_length=MODEL_CONFIG["max_position_embeddings"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
+    # Some transformers versions keep the template only in chat_template.jinja; vLLM reads both.
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+
+
+def _build_weights(out: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**{k: v for k, v in MODEL_CONFIG.items() if k != "architectures"})
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(str(out), safe_serialization=True)
+    # Pin the config vLLM reads to exactly what we specified (transformers adds its own keys).
+    saved = json.loads((out / "config.json").read_text())
+    saved.update(MODEL_CONFIG)
+    (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True))
+
+
+def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
+    """Return the folder of the tiny model, generating it first if it is not cached yet."""
+    root = (cache_dir or default_cache_dir()) / "models"
+    target = root / f"tiny-llama-v{TINY_MODEL_VERSION}-{_spec_digest()}"
+    if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
+    try:
+        _build_tokenizer(staging)
+        _build_weights(staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            # Another process finished first: its model is identical, keep it.
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+if __name__ == "__main__":  # pragma: no cover - convenience for people
+    print(ensure_tiny_model())

@@ -1,0 +1,452 @@
+#!/usr/bin/env python3
+"""A fault-injecting fake of vLLM's OpenAI-compatible server, for pytest-apc's own tests.
+
+Standard library only, so it is listening well under a second after launch. The command line mimics
+``python -m vllm.entrypoints.openai.api_server``::
+
+    python tests/fake_vllm.py --model PATH --served-model-name NAME --host 127.0.0.1 --port N
+        [--enable-prefix-caching | --no-enable-prefix-caching] [--max-model-len N] [--block-size N]
+        [unknown vLLM flags are ignored] [fault switches]
+
+Endpoints: GET /health, /v1/models, /version, /metrics; POST /tokenize, /v1/chat/completions (stream or
+not), /reset_prefix_cache. Requests naming a model other than the served name get 404, like vLLM (so
+``vllm bench serve``, which sends the model *path* to /tokenize, skips its prompt re-alignment). A
+``--port 0`` binds a free port; the log line "Starting vLLM server on http://HOST:PORT" tells which.
+
+Fake tokenizer: one token per 4 characters (rounded up), id = sum of the characters' ord % 4000 + 7.
+Chat template: [1, 3, 10, 11] + tokens of the concatenated message texts + [6, 5].
+Prefix cache model: full blocks of --block-size tokens, keyed by a chained hash of the whole prefix.
+
+Fault switches:
+    --fake-startup-delay S      sleep S seconds before listening (default 0.2; connections refused)
+    --fake-crash-on-start       after the delay, print "RuntimeError: CUDA out of memory (fake)" to stderr
+                                and exit with code 3
+    --fake-never-ready          listen, but GET /health answers 503 forever
+    --fake-hang                 after startup, every request handler sleeps forever
+    --fake-die-after-requests N after N answered chat completions, print "fake engine died" and os._exit(1)
+    --fake-fail-requests        POST /v1/chat/completions answers 400 {"error": {...}}
+    --fake-garbage-metrics      GET /metrics answers 200 with text that is not Prometheus format
+    --fake-no-prefix-metrics    /metrics omits vllm:prefix_cache_* and vllm:prompt_tokens_by_source
+    --fake-wrong-mode           cache_config_info reports enable_prefix_caching opposite to the flag
+    --fake-reset MODE           POST /reset_prefix_cache: ok (default) | 404 | false | false-then-ok
+                                (false-then-ok: {"success": false} unless ?reset_running_requests=true)
+    --fake-ignore-sigterm       ignore SIGTERM (callers must escalate to SIGKILL)
+    --fake-children N           spawn N sleeper children (stand-ins for EngineCore / TP workers) in the
+                                same process group, logging "fake child pid=NNN"
+    --fake-log-noise            print 100 noisy lines (blank, non-ASCII, invalid UTF-8) before the ready line
+
+Without --fake-ignore-sigterm, SIGTERM prints "fake vLLM shutting down" and exits 0. The children are
+not reaped by the fake itself: like leaked EngineCore processes, they die only when their group is
+signalled. They inherit stdout/stderr, so a pipe reader sees EOF only after they are gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+HEADER_TOKENS = [1, 3, 10, 11]
+FOOTER_TOKENS = [6, 5]
+KV_CACHE_TOKENS = 4_194_304
+SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+PID = os.getpid()
+METRIC_FAMILIES = [  # (name without the "vllm:" prefix, type, help) in vLLM's registration order
+    ("cache_config_info", "gauge", "Information of the LLMEngine CacheConfig"),
+    ("num_requests_running", "gauge", "Number of requests in model execution batches."),
+    ("num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
+    ("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
+    ("prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens."),
+    ("prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens."),
+    ("num_preemptions_total", "counter", "Cumulative number of preemption from the engine."),
+    ("prompt_tokens_total", "counter", "Number of prefill tokens processed."),
+    ("prompt_tokens_by_source_total", "counter", "Number of prompt tokens by source."),
+    ("generation_tokens_total", "counter", "Number of generation tokens processed."),
+]
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
+
+
+def tokenize_text(text: str) -> list[int]:
+    return [sum(map(ord, text[i : i + 4])) % 4000 + 7 for i in range(0, len(text), 4)]
+
+
+def message_text(messages: list[Any]) -> str:
+    parts: list[str] = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            texts = (p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            parts += map(str, texts)
+    return "".join(parts)
+
+
+def chat_tokens(messages: list[Any]) -> list[int]:
+    return HEADER_TOKENS + tokenize_text(message_text(messages)) + FOOTER_TOKENS
+
+
+class Engine:
+    """Counters and the prefix-cache model; every method takes the lock (the server is threaded)."""
+
+    def __init__(self, prefix_caching: bool, block_size: int) -> None:
+        self.prefix_caching = prefix_caching
+        self.block_size = block_size
+        self.lock = threading.Lock()
+        self.blocks: set[int] = set()
+        self.queries = self.hits = self.prompt_tokens = self.generation_tokens = 0
+        self.by_source = dict.fromkeys(SOURCES, 0)
+        self.running = self.running_tokens = self.answered = 0
+
+    def admit(self, tokens: list[int]) -> int:
+        """Account a request's prompt; return the number of prefix-cache hit tokens."""
+        n, bs = len(tokens), self.block_size
+        with self.lock:
+            self.prompt_tokens += n
+            self.running += 1
+            self.running_tokens += n
+            if not self.prefix_caching:
+                self.by_source["local_compute"] += n
+                return 0
+            hashes, h = [], 0
+            for start in range(0, n - n % bs, bs):
+                h = hash((h, tuple(tokens[start : start + bs])))
+                hashes.append(h)
+            hit_blocks = 0
+            while hit_blocks < len(hashes) and hashes[hit_blocks] in self.blocks:
+                hit_blocks += 1
+            hit = min(hit_blocks, max(n - 1, 0) // bs) * bs
+            self.blocks.update(hashes)
+            self.queries += n
+            self.hits += hit
+            self.by_source["local_cache_hit"] += hit
+            self.by_source["local_compute"] += n - hit
+            return hit
+
+    def finish(self, prompt_len: int, completion_tokens: int) -> None:
+        with self.lock:
+            self.running -= 1
+            self.running_tokens -= prompt_len
+            self.generation_tokens += completion_tokens
+
+    def reset(self) -> None:
+        with self.lock:
+            self.blocks.clear()
+
+    def metrics(self, name: str, report_caching: bool, prefix_metrics: bool) -> str:
+        """Render Prometheus text format 0.0.4, the way prometheus_client does for vLLM."""
+        lab, bs = f'engine="0",model_name="{name}"', self.block_size
+        info = (
+            f'block_size="{bs}",enable_prefix_caching="{report_caching}",engine="0",'
+            f'num_gpu_blocks="{KV_CACHE_TOKENS // bs}",kv_cache_size_tokens="{KV_CACHE_TOKENS}",'
+            'prefix_caching_hash_algo="sha256",gpu_memory_utilization="0.9"'
+        )
+        with self.lock:
+            by_source: list[tuple[str, float]] = [(f'{lab},source="{s}"', self.by_source[s]) for s in SOURCES]
+            values: dict[str, list[tuple[str, float]]] = {
+                "cache_config_info": [(info, 1)],
+                "num_requests_running": [(lab, self.running)],
+                "num_requests_waiting": [(lab, 0)],
+                "kv_cache_usage_perc": [(lab, min(1.0, self.running_tokens / KV_CACHE_TOKENS))],
+                "prefix_cache_queries_total": [(lab, self.queries)],
+                "prefix_cache_hits_total": [(lab, self.hits)],
+                "num_preemptions_total": [(lab, 0)],
+                "prompt_tokens_total": [(lab, self.prompt_tokens)],
+                "prompt_tokens_by_source_total": by_source,
+                "generation_tokens_total": [(lab, self.generation_tokens)],
+            }
+        out: list[str] = []
+        for metric, kind, doc in METRIC_FAMILIES:
+            if prefix_metrics or not metric.startswith(("prefix_cache_", "prompt_tokens_by_source")):
+                out += [f"# HELP vllm:{metric} {doc}", f"# TYPE vllm:{metric} {kind}"]
+                out += [f"vllm:{metric}{{{labels}}} {float(value)}" for labels, value in values[metric]]
+        return "\n".join(out) + "\n"
+
+
+class FakeServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512
+
+    def __init__(self, addr: tuple[str, int], args: argparse.Namespace, engine: Engine) -> None:
+        super().__init__(addr, Handler)
+        self.args = args
+        self.engine = engine
+        self.names: list[str] = args.served_model_name or [args.model]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: FakeServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log(f"INFO:     {self.client_address[0]}:{self.client_address[1]} - {format % args}")
+
+    def send_json(self, status: int, body: Any) -> None:
+        self.send_text(status, json.dumps(body), "application/json")
+
+    def send_text(self, status: int, text: str, content_type: str = "text/plain; charset=utf-8") -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_error_json(self, status: int, message: str, kind: str) -> None:
+        self.send_json(status, {"error": {"message": message, "type": kind, "param": None, "code": status}})
+
+    def read_json(self) -> Any:
+        return json.loads(self.body) if self.body else {}
+
+    def do_GET(self) -> None:
+        self.dispatch("GET")
+
+    def do_POST(self) -> None:
+        self.dispatch("POST")
+
+    def dispatch(self, method: str) -> None:
+        args = self.server.args
+        while args.fake_hang:
+            time.sleep(3600)
+        length = int(self.headers.get("Content-Length") or 0)
+        self.body = self.rfile.read(length) if length > 0 else b""  # always drained: keeps keep-alive sane
+        url = urlsplit(self.path)
+        routes = {
+            ("GET", "/health"): self.health,
+            ("GET", "/v1/models"): self.models,
+            ("GET", "/version"): lambda: self.send_json(200, {"version": "0.0.0-fake"}),
+            ("GET", "/metrics"): self.metrics,
+            ("POST", "/tokenize"): self.tokenize,
+            ("POST", "/v1/chat/completions"): self.chat,
+            ("POST", "/reset_prefix_cache"): lambda: self.reset(parse_qs(url.query)),
+        }
+        route = routes.get((method, url.path))
+        if route is None:
+            known = any(path == url.path for _, path in routes)
+            self.send_json(405 if known else 404, {"detail": "Method Not Allowed" if known else "Not Found"})
+            return
+        try:
+            route()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def health(self) -> None:
+        self.send_text(503 if self.server.args.fake_never_ready else 200, "")
+
+    def models(self) -> None:
+        args = self.server.args
+        card = dict(object="model", created=int(time.time()), owned_by="vllm", root=args.model, parent=None)
+        data = [dict(id=n, **card, max_model_len=args.max_model_len) for n in self.server.names]
+        self.send_json(200, {"object": "list", "data": data})
+
+    def metrics(self) -> None:
+        args = self.server.args
+        if args.fake_garbage_metrics:
+            self.send_text(200, "<html>\x00garbage{{ not prometheus\nvllm:cache_config_info{{{ 1.0 2.0 x\n")
+            return
+        report = args.enable_prefix_caching != args.fake_wrong_mode
+        text = self.server.engine.metrics(self.server.names[0], report, not args.fake_no_prefix_metrics)
+        self.send_text(200, text, "text/plain; version=0.0.4; charset=utf-8")
+
+    def reset(self, query: dict[str, list[str]]) -> None:
+        mode = self.server.args.fake_reset
+        if mode == "404":
+            self.send_json(404, {"detail": "Not Found"})
+            return
+        running = query.get("reset_running_requests", ["false"])[-1].lower() in ("true", "1", "yes", "on")
+        success = mode == "ok" or (mode == "false-then-ok" and running)
+        if success:
+            self.server.engine.reset()
+        self.send_json(200, {"success": success})
+
+    def check_model(self, body: dict[str, Any]) -> bool:
+        model = body.get("model")
+        if model and model not in self.server.names:
+            self.send_error_json(404, f"The model `{model}` does not exist.", "NotFoundError")
+            return False
+        return True
+
+    def parse_body(self) -> dict[str, Any] | None:
+        try:
+            body = self.read_json()
+        except (ValueError, UnicodeDecodeError) as exc:
+            self.send_error_json(400, f"Invalid JSON body: {exc}", "BadRequestError")
+            return None
+        if not isinstance(body, dict):
+            self.send_error_json(400, "Request body must be a JSON object.", "BadRequestError")
+            return None
+        return body if self.check_model(body) else None
+
+    def tokenize(self) -> None:
+        body = self.parse_body()
+        if body is None:
+            return
+        if "messages" in body:
+            tokens = chat_tokens(body["messages"] or [])
+        else:
+            tokens = tokenize_text(str(body.get("prompt", "")))
+        max_len = self.server.args.max_model_len
+        self.send_json(200, dict(count=len(tokens), max_model_len=max_len, tokens=tokens, token_strs=None))
+
+    def chat(self) -> None:
+        args, engine = self.server.args, self.server.engine
+        body = self.parse_body()
+        if body is None:
+            return
+        if args.fake_fail_requests:
+            self.send_error_json(400, "fake failure (--fake-fail-requests)", "BadRequestError")
+            return
+        self.maybe_die()
+        prompt = chat_tokens(body.get("messages") or [])
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+        if len(prompt) + max_tokens > args.max_model_len:
+            msg = (
+                f"This model's maximum context length is {args.max_model_len} tokens. However, you requested "
+                f"{max_tokens} output tokens and your prompt contains {len(prompt)} input tokens."
+            )
+            self.send_error_json(400, msg, "BadRequestError")
+            return
+        engine.admit(prompt)
+        done = 0
+        try:
+            base = dict(id=f"chatcmpl-fake-{time.monotonic_ns()}", created=int(time.time()))
+            base["model"] = self.server.names[0]
+            n = len(prompt)
+            usage = dict(prompt_tokens=n, completion_tokens=max_tokens, total_tokens=n + max_tokens)
+            if not body.get("stream"):
+                time.sleep(0.001 * max_tokens)
+                done = max_tokens
+                message = {"role": "assistant", "content": " tok" * max_tokens}
+                choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
+                reply = {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
+                self.send_json(200, reply)
+            else:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+
+                def event(choices: list[Any], **extra: Any) -> None:
+                    chunk = {**base, "object": "chat.completion.chunk", "choices": choices, **extra}
+                    self.write_chunk(f"data: {json.dumps(chunk)}\n\n")
+
+                event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+                for done in range(1, max_tokens + 1):
+                    time.sleep(0.001)
+                    finish = "length" if done == max_tokens else None
+                    event([{"index": 0, "delta": {"content": " tok"}, "finish_reason": finish}])
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    event([], usage=usage)
+                self.write_chunk("data: [DONE]\n\n")
+                self.write_chunk("")
+        finally:
+            engine.finish(len(prompt), done)
+        self.maybe_die(answered=1)
+
+    def write_chunk(self, text: str) -> None:
+        data = text.encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def maybe_die(self, answered: int = 0) -> None:
+        limit, engine = self.server.args.fake_die_after_requests, self.server.engine
+        if limit is None:
+            return
+        with engine.lock:
+            engine.answered += answered
+            if engine.answered >= limit:
+                log(f"(EngineCore pid={PID}) ERROR fake engine died")
+                sys.stderr.write("fake engine died\n")
+                sys.stderr.flush()
+                os._exit(1)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Fake vLLM server for pytest-apc tests.", allow_abbrev=False)
+    p.add_argument("--model", default="fake-model")
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--fake-startup-delay", type=float, default=0.2)
+    p.add_argument("--fake-die-after-requests", type=int, default=None)
+    p.add_argument("--fake-reset", choices=["ok", "404", "false", "false-then-ok"], default="ok")
+    p.add_argument("--fake-children", type=int, default=0)
+    for switch in ("crash-on-start", "never-ready", "hang", "fail-requests", "garbage-metrics"):
+        p.add_argument(f"--fake-{switch}", action="store_true")
+    for switch in ("no-prefix-metrics", "wrong-mode", "ignore-sigterm", "log-noise"):
+        p.add_argument(f"--fake-{switch}", action="store_true")
+    args, _unknown = p.parse_known_args(argv)
+    return args
+
+
+def log_noise() -> None:
+    for i in range(100):
+        kind = i % 5
+        if kind == 0:
+            log("")
+        elif kind == 1:
+            log(f"WARNING noise {i}: Ünïcödé ✓ 日本語テキスト — ≥ ∞ 🚀")
+        elif kind == 2:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(b"noise %d: invalid utf-8 \xff\xfe\xc3\x28 \x80\x81\n" % i)
+            sys.stdout.buffer.flush()
+        elif kind == 3:
+            log(f"\x1b[33mDEBUG noise {i}\x1b[0m\tcarriage\rreturn {'x' * 300}")
+        else:
+            log(f"INFO noise {i}: loading weights shard {i}/100 (fake)")
+
+
+def on_sigterm(signum: int, frame: Any) -> None:
+    os.write(1, b"INFO fake vLLM shutting down\n")  # os.write: print() is not reentrant-safe in handlers
+    os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    log(f"INFO fake vLLM starting (pid={PID})")
+    for _ in range(args.fake_children):  # before SIG_IGN: an ignored disposition survives exec
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100000)"])
+        log(f"INFO fake child pid={child.pid}")
+    if args.fake_ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    if args.fake_log_noise:
+        log_noise()
+    time.sleep(max(args.fake_startup_delay, 0.0))
+    if args.fake_crash_on_start:
+        sys.stdout.flush()
+        print("Traceback (most recent call last):\nRuntimeError: CUDA out of memory (fake)", file=sys.stderr)
+        sys.stderr.flush()
+        return 3
+    per_request = KV_CACHE_TOKENS / args.max_model_len
+    log(
+        f"(EngineCore pid={PID}) INFO [kv_cache_utils.py:1] CPU KV cache size: {KV_CACHE_TOKENS:,} tokens, "
+        f"Maximum concurrency for {args.max_model_len:,} tokens per request: {per_request:.2f}x"
+    )
+    server = FakeServer((args.host, args.port), args, Engine(args.enable_prefix_caching, args.block_size))
+    log(f"INFO Starting vLLM server on http://{args.host}:{server.server_address[1]}")
+    log("INFO:     Application startup complete.")
+    try:
+        server.serve_forever(poll_interval=0.1)
+    except KeyboardInterrupt:
+        log("INFO fake vLLM shutting down")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Cases C/D: one 32K prefix shared by every request, a 1K unique suffix: the pure APC effect.
+
+C runs on the APC-off server, D on the APC-on server, with byte-identical prompts.
+"""
+
+import pytest
+
+from pytest_apc import verdict
+
+pytestmark = [pytest.mark.apc, pytest.mark.pure]
+
+
+@pytest.mark.apc_cases("CD")
+def test_bench_clean(apc_run, apc_assert):
+    """Every request of the run completed; a failed request is never averaged away."""
+    apc_assert(verdict.bench_clean(apc_run))
+
+
+@pytest.mark.apc_cases("C")
+def test_apc_really_off(apc_run, apc_assert):
+    """The OFF server made no prefix-cache lookups and served no hits."""
+    apc_assert(verdict.apc_really_off(apc_run))
+
+
+@pytest.mark.apc_cases("D")
+def test_cached_tokens(apc_run, apc_assert):
+    """The ON server served (N-1) x floor(S/B) x B cached tokens, S = template header + prefix."""
+    apc_assert(verdict.cached_tokens_match(apc_run))
