@@ -213,7 +213,7 @@ SPECS: tuple[Spec, ...] = (
         "max_model_len",
         _non_negative_int,
         0,
-        "--max-model-len of the servers. 0: the longest planned prompt plus output, with room for the chat template",
+        "Value of --max-model-len for both servers. 0: the longest workload plus output, with room for the chat template",
         "TOKENS",
     ),
     Spec(

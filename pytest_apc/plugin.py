@@ -140,14 +140,18 @@ def _keys_of(item: pytest.Item) -> list[RunKey]:
     return keys
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Every test that uses APC measurements is an ``apc`` test, marked or not (before -m selects)."""
+    uses_apc = bool(_keys_of(item)) or "apc_session" in getattr(item, "fixturenames", ())
+    if uses_apc and item.get_closest_marker("apc") is None:
+        item.add_marker(pytest.mark.apc)
+
+
 @pytest.hookimpl(trylast=True)  # after -m / -k deselection: plan only what will run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     session = config.stash.get(SESSION_KEY, None)
     skip = pytest.mark.skip(reason=SKIP_REASON)
     for item in items:
-        uses_apc = bool(_keys_of(item)) or "apc_session" in getattr(item, "fixturenames", ())
-        if uses_apc and item.get_closest_marker("apc") is None:
-            item.add_marker(pytest.mark.apc)
         if item.get_closest_marker("apc") is None:
             continue
         if session is None:

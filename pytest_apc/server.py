@@ -210,8 +210,12 @@ class VllmServer:
                     f"{self.mode.name}: starting, {now - started:.0f} s, waiting for {waiting_for}"
                     + (f"; {kv}" if kv else "")
                 )
-            with contextlib.suppress(requests.RequestException):
+            try:
                 waiting_for = self._readiness_step()
+            except requests.RequestException:
+                pass  # not listening yet
+            except (metrics.MetricsError, ValueError, KeyError) as err:
+                waiting_for = f"valid answers (last: {str(err)[:200]})"
             if waiting_for == "":
                 return
             time.sleep(0.5)

@@ -1,0 +1,3 @@
+"""Repository conftest: pytester for the plugin's own tests (tests/)."""
+
+pytest_plugins = ["pytester"]

@@ -1,0 +1,87 @@
+"""Strict validation of vLLM benchmark results, and identical arguments for ON and OFF."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_apc import bench
+from pytest_apc.cases import RunKey, Workload
+
+GOOD = {"completed": 30, "failed": 0, "total_input_tokens": 1000, "duration": 1.5, "median_ttft_ms": 12.0}
+WORKLOAD = Workload("pure", 2048, 64, 16, 30, 0)
+
+
+def write(tmp_path: Path, payload) -> Path:
+    path = tmp_path / "r.json"
+    path.write_text(payload if isinstance(payload, str) else json.dumps(payload))
+    return path
+
+
+def validate(tmp_path: Path, path: Path) -> dict:
+    log = tmp_path / "bench.log"
+    log.write_text("Starting main benchmark run...\nUserWarning: All requests failed. Check the server.\n")
+    return bench.validate(path, 30, "python -m pytest_apc.bench --x", log)
+
+
+def test_good_result_passes(tmp_path: Path) -> None:
+    assert validate(tmp_path, write(tmp_path, GOOD))["completed"] == 30
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (None, "wrote no result file"),
+        ("{not json", "is not valid JSON"),
+        ("[1, 2]", "holds list, not an object"),
+        ({**GOOD, "median_ttft_ms": None}, "no numeric 'median_ttft_ms'"),
+        ({**GOOD, "failed": 3, "completed": 27, "errors": ["HTTP 400 Bad Request"] * 3},
+         "completed 27 of 30, failed 3"),
+        ({**GOOD, "completed": 29}, "completed 29 of 30, failed 0"),
+    ],
+)  # fmt: skip
+def test_bad_results_fail_with_command_and_log(tmp_path: Path, payload, message: str) -> None:
+    path = tmp_path / "missing.json" if payload is None else write(tmp_path, payload)
+    with pytest.raises(bench.BenchError) as err:
+        validate(tmp_path, path)
+    text = str(err.value)
+    assert message in text
+    assert "re-run: python -m pytest_apc.bench --x" in text
+    assert "All requests failed" in text  # the benchmark's own error line
+
+
+def test_request_errors_are_quoted(tmp_path: Path) -> None:
+    payload = {**GOOD, "failed": 1, "completed": 29, "errors": ["", "Bad Request: prompt too long"]}
+    with pytest.raises(bench.BenchError, match="prompt too long"):
+        validate(tmp_path, write(tmp_path, payload))
+
+
+def args_for(url: str, name: str) -> list[str]:
+    return bench.bench_args(
+        WORKLOAD, RunKey("D", 8), base_url=url, model="/m", tokenizer="", served_model_name="apc-model",
+        result_dir=Path("/r"), result_filename=name,
+    )  # fmt: skip
+
+
+def test_on_and_off_differ_only_in_url_and_file() -> None:
+    on, off = args_for("http://127.0.0.1:1", "D-c8.json"), args_for("http://127.0.0.1:2", "C-c8.json")
+    diff = [(a, b) for a, b in zip(on, off, strict=True) if a != b]
+    assert diff == [("http://127.0.0.1:1", "http://127.0.0.1:2"), ("D-c8.json", "C-c8.json")]
+
+
+def test_no_warmups_no_ready_check_and_saved_result() -> None:
+    argv = args_for("http://h:1", "x.json")
+    assert argv[argv.index("--num-warmups") + 1] == "0"
+    assert argv[argv.index("--ready-check-timeout-sec") + 1] == "0"
+    assert "--save-result" in argv
+    assert argv[argv.index("--backend") + 1] == "openai-chat"
+    assert argv[argv.index("--endpoint") + 1] == "/v1/chat/completions"
+    assert argv[argv.index("--request-rate") + 1] == "inf"
+
+
+def test_reproduce_command_is_runnable_module() -> None:
+    command = bench.reproduce_command(["--num-prompts", "3"])
+    assert "-m pytest_apc.bench --num-prompts 3" in command
+    assert "vllm bench serve --num-prompts 3" in command

@@ -1,0 +1,38 @@
+"""The matrix and the expected hit count."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_apc.cases import RunKey, Workload, predict
+
+
+def test_run_key_ids_round_trip() -> None:
+    for text in ("D-c8", "A-c1", "F-c4-xxhash"):
+        assert RunKey.parse(text).id == text
+    with pytest.raises(ValueError, match="not a run id"):
+        RunKey.parse("G-c8")
+
+
+def test_pairs() -> None:
+    assert RunKey("D", 8).pair() == (RunKey("C", 8), RunKey("D", 8))
+    assert RunKey("E", 2).pair() == (RunKey("E", 2), RunKey("F", 2))
+    assert RunKey("B", 8, "sha256_cbor").pair() == (RunKey("A", 8), RunKey("B", 8, "sha256_cbor"))
+
+
+def test_prediction_of_the_review_h200_numbers() -> None:
+    # 30 x (32K prefix + 1K suffix), block 16, template header of 0 tokens: 29 x 32768 = 950,272.
+    w = Workload("pure", 32768, 1024, 256, 30, 0)
+    p = predict(w, header_tokens=0, block_size=16, total_input_tokens=30 * (32768 + 1024))
+    assert p.expected_hits == 950_272
+    assert p.tolerance == 29 * 16
+    assert p.computed_tokens_on == 30 * (32768 + 1024) - 950_272
+    assert p.prefill_bound == pytest.approx(30 * 33792 / (30 * 33792 - 950_272))
+
+
+def test_prediction_counts_the_template_header_in_whole_blocks() -> None:
+    w = Workload("pure", 2048, 64, 16, 30, 0)
+    # 26 header tokens + 2048 = 2074 -> 16 whole blocks of 128.
+    assert predict(w, 26, 128, 64263).expected_hits == 29 * 2048
+    # Header alone spanning one block of 16 gives hits without a shared prefix (case B).
+    assert predict(Workload("overhead", 0, 2048, 16, 30, 0), 26, 16, 0).expected_hits == 29 * 16

@@ -1,0 +1,106 @@
+"""Settings: one precedence (CLI > env > ini > profile default > default) and one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_apc import config as apc_config
+
+
+def resolve(pytester: pytest.Pytester, *args: str, ini: str = "", env: dict[str, str] | None = None):
+    if ini:
+        pytester.makeini(f"[pytest]\n{ini}\n")
+    cfg = pytester.parseconfig(*args)
+    return apc_config.resolve(cfg, environ=env or {})
+
+
+def test_defaults_without_profile(pytester: pytest.Pytester) -> None:
+    settings = resolve(pytester)
+    assert settings.enabled is False
+    assert settings.num_prompts == 30
+    assert settings.concurrency == 8
+    assert settings.sweep_concurrency == (1, 2, 4, 8)
+    assert settings.length_scale == 1.0
+    assert settings.sources["num_prompts"] == "default"
+
+
+def test_cpu_profile_scales_lengths(pytester: pytest.Pytester) -> None:
+    settings = resolve(pytester, "--cpu-node")
+    assert settings.profile == "cpu"
+    assert settings.scaled(32768) == 2048
+    assert settings.scaled(1024) == 64
+    assert settings.sources["length_scale"] == "cpu profile default"
+
+
+def test_precedence_cli_over_env_over_ini(pytester: pytest.Pytester) -> None:
+    ini = "apc_num_prompts = 11"
+    env = {"PYTEST_APC_NUM_PROMPTS": "12"}
+    assert resolve(pytester, ini=ini).num_prompts == 11
+    assert resolve(pytester, ini=ini, env=env).num_prompts == 12
+    settings = resolve(pytester, "--apc-num-prompts=13", ini=ini, env=env)
+    assert settings.num_prompts == 13
+    assert settings.sources["num_prompts"] == "option --apc-num-prompts"
+
+
+def test_env_overrides_profile_default(pytester: pytest.Pytester) -> None:
+    settings = resolve(pytester, "--cpu-node", env={"PYTEST_APC_LENGTH_SCALE": "0.5"})
+    assert settings.length_scale == 0.5
+    assert settings.sources["length_scale"] == "environment variable PYTEST_APC_LENGTH_SCALE"
+
+
+def test_profile_from_ini(pytester: pytest.Pytester) -> None:
+    assert resolve(pytester, ini="apc_profile = cpu").profile == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--apc-num-prompts=0"], {}, "Invalid apc_num_prompts '0' from option --apc-num-prompts: must be a positive"),
+        ([], {"PYTEST_APC_CONCURRENCY": "-1"}, "Invalid apc_concurrency '-1' from environment variable"),
+        (["--apc-sweep-concurrency=1,1"], {}, "must not repeat a value"),
+        (["--apc-hash-algos=md5"], {}, "unknown hash algorithm 'md5'"),
+        (["--apc-profile=tpu"], {}, "Invalid apc_profile 'tpu'"),
+        (["--apc-length-scale=2"], {}, "must be in (0, 1]"),
+    ],
+)
+def test_invalid_values_name_setting_and_source(pytester: pytest.Pytester, args, env, message) -> None:
+    with pytest.raises(apc_config.SettingError) as err:
+        resolve(pytester, *args, env=env)
+    assert message in str(err.value)
+
+
+def test_invalid_ini_names_the_ini_key(pytester: pytest.Pytester) -> None:
+    with pytest.raises(apc_config.SettingError, match=r"Invalid apc_output_len 'x' from ini key apc_output_len"):
+        resolve(pytester, ini="apc_output_len = x")
+
+
+def test_max_model_len_too_small_for_workload(pytester: pytest.Pytester) -> None:
+    with pytest.raises(apc_config.SettingError, match="the longest workload needs"):
+        resolve(pytester, "--cpu-node", "--apc-max-model-len=1000")
+
+
+def test_gpu_node_needs_a_model(pytester: pytest.Pytester) -> None:
+    with pytest.raises(apc_config.SettingError, match=r"No model for --gpu-node.*MODEL_70B"):
+        resolve(pytester, "--gpu-node")
+    settings = resolve(pytester, "--gpu-node", env={"MODEL_70B": "/models/llama-70b"})
+    assert settings.model == "/models/llama-70b"
+    assert settings.sources["model"] == "environment variable MODEL_70B"
+    assert resolve(pytester, "--gpu-node", "--apc-model=/m", env={"MODEL_70B": "/x"}).model == "/m"
+
+
+def test_server_args_repeatable_and_shell_quoted(pytester: pytest.Pytester) -> None:
+    settings = resolve(pytester, "--apc-server-arg=--max-num-seqs", "--apc-server-arg=16")
+    assert settings.server_arg == ("--max-num-seqs", "16")
+    settings = resolve(pytester, env={"PYTEST_APC_SERVER_ARG": "--gpu-memory-utilization 0.8 --name 'a b'"})
+    assert settings.server_arg == ("--gpu-memory-utilization", "0.8", "--name", "a b")
+    settings = resolve(pytester, ini="apc_server_arg = --enforce-eager --block-size 32")
+    assert settings.server_arg == ("--enforce-eager", "--block-size", "32")
+
+
+def test_every_setting_has_option_ini_and_env() -> None:
+    for spec in apc_config.SPECS:
+        assert spec.option == "--apc-" + spec.name.replace("_", "-")
+        assert spec.ini == "apc_" + spec.name
+        assert spec.env == "PYTEST_APC_" + spec.name.upper()
+        assert spec.help
+        assert spec.help[0].isupper()

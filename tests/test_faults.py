@@ -1,0 +1,147 @@
+"""Faults a real server can have, injected with tests/fake_vllm.py: each is a loud, exact failure
+that leaves no process behind. (What works is proven against real vLLM in test_e2e_cpu.py.)"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.conftest import FAKE_VLLM
+
+SUITE = """
+import pytest
+from pytest_apc import verdict
+
+pytestmark = pytest.mark.apc
+
+@pytest.mark.apc_cases("CD")
+def test_clean(apc_run, apc_assert):
+    apc_assert(verdict.bench_clean(apc_run))
+
+@pytest.mark.apc_cases("C")
+def test_off(apc_run, apc_assert):
+    apc_assert(verdict.apc_really_off(apc_run))
+"""
+
+
+def fake_args(*fake_flags: str) -> list[str]:
+    args = [
+        "--cpu-node",
+        f"--apc-server-command={{python}} {FAKE_VLLM}",
+        "--apc-num-prompts=4",
+        "--apc-length-scale=0.01",
+        "--apc-startup-timeout=20",
+        "--apc-stop-timeout=3",
+        "-p",
+        "no:randomly",
+    ]
+    return args + [f"--apc-server-arg={flag}" for flag in fake_flags]
+
+
+@pytest.fixture
+def suite(tmp_path):
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    return tmp_path
+
+
+def test_healthy_fake_passes_and_records_launches(suite, run_inner) -> None:
+    inner = run_inner(*fake_args(), "-v")
+    assert inner.ret == 0, inner.output
+    assert "3 passed" in inner.output
+
+
+def test_crash_on_start_fails_fast_with_log_tail_and_command(suite, run_inner) -> None:
+    started = time.monotonic()
+    inner = run_inner(*fake_args("--fake-crash-on-start"))
+    assert inner.ret == 1
+    assert time.monotonic() - started < 60
+    assert "server exited with code 3 while starting" in inner.output
+    assert "CUDA out of memory (fake)" in inner.output  # the log tail
+    assert "command: " in inner.output
+    assert "fake_vllm.py" in inner.output
+
+
+def test_never_ready_times_out_and_is_killed(suite, run_inner) -> None:
+    inner = run_inner(*fake_args("--fake-never-ready"), "--apc-startup-timeout=4")
+    assert inner.ret == 1
+    assert "was not ready after 4 s (still waiting for /health to return 200)" in inner.output
+
+
+def test_server_in_the_wrong_mode_is_refused(suite, run_inner) -> None:
+    inner = run_inner(*fake_args("--fake-wrong-mode"))
+    assert inner.ret == 1
+    assert "does not run in the mode it was started for" in inner.output
+
+
+def test_reset_failure_is_never_measured_warm(suite, run_inner) -> None:
+    inner = run_inner(*fake_args("--fake-reset", "false"))
+    assert inner.ret == 1
+    assert "did not reset its prefix cache" in inner.output
+    assert "reset_running_requests=true" in inner.output  # escalated before giving up
+    assert "run D-c8 failed" in inner.output
+
+
+def test_reset_escalation_to_running_requests_succeeds(suite, run_inner) -> None:
+    inner = run_inner(*fake_args("--fake-reset", "false-then-ok"))
+    assert inner.ret == 0, inner.output
+
+
+def test_reset_endpoint_missing(suite, run_inner) -> None:
+    inner = run_inner(*fake_args("--fake-reset", "404"))
+    assert inner.ret == 1
+    assert "has no /reset_prefix_cache (HTTP 404)" in inner.output
+    assert "VLLM_SERVER_DEV_MODE=1" in inner.output
+
+
+def test_failed_requests_fail_the_run_with_rerun_command(suite, run_inner) -> None:
+    inner = run_inner(*fake_args("--fake-fail-requests"))
+    assert inner.ret == 1
+    assert "had failed requests: completed 0 of 4, failed 4" in inner.output
+    assert "re-run: " in inner.output
+    assert "-m pytest_apc.bench" in inner.output
+    assert "0.0x" not in inner.output
+
+
+def test_missing_prefix_metrics_cannot_verify(suite, run_inner) -> None:
+    inner = run_inner(*fake_args("--fake-no-prefix-metrics"), "-rA")
+    assert inner.ret == 1
+    assert "cannot verify the prefix cache of run C-c8" in inner.output
+    assert "2 passed" in inner.output  # bench_clean still holds
+
+
+def test_server_death_fails_that_run_and_the_rest_fast(suite, run_inner) -> None:
+    inner = run_inner(*fake_args("--fake-die-after-requests", "2"))
+    assert inner.ret == 1
+    assert "fake engine died" in inner.output
+    assert "the server died" in inner.output
+
+
+def test_sigterm_ignoring_server_with_children_leaves_nothing(suite, run_inner) -> None:
+    inner = run_inner(*fake_args("--fake-ignore-sigterm", "--fake-children", "3"))
+    assert inner.ret == 0, inner.output  # run_inner checks that no process is left behind
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize(
+    ("phase", "extra"),
+    [
+        # Ctrl-C while the server loads (it never gets ready); its children must go too.
+        ("startup", ("--fake-never-ready", "--fake-children", "2")),
+        # Ctrl-C while the benchmark runs (30,000 output tokens at 1 ms each).
+        ("bench", ("--fake-children", "2", "--fake-ignore-sigterm")),
+    ],
+)
+def test_interrupted_pytest_leaves_nothing(suite, run_inner, sig, phase, extra) -> None:
+    inner = run_inner(*fake_args(*extra), "--apc-output-len=3000000", "--apc-startup-timeout=300", wait=False)
+    marker = "apc-results/*/server-*.log" if phase == "startup" else "apc-results/*/bench/*.log"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not list(suite.glob(marker)):
+        time.sleep(0.2)
+    assert list(suite.glob(marker)), f"never reached the {phase} phase"
+    time.sleep(1.5)
+    inner.proc.send_signal(sig)
+    inner.wait()
+    assert inner.ret != 0
+    assert not inner.leftovers(), "interrupted run left processes behind"

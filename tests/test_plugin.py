@@ -1,0 +1,77 @@
+"""The plugin seen from pytest: options, markers, skipping without a profile, usage errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_apc import config as apc_config
+
+SUITE = """
+import pytest
+from pytest_apc import verdict
+
+pytestmark = pytest.mark.apc
+
+@pytest.mark.apc_cases("CD")
+def test_clean(apc_run, apc_assert):
+    apc_assert(verdict.bench_clean(apc_run))
+
+def test_plain():
+    pass
+"""
+
+
+def test_help_lists_every_option(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    text = result.stdout.str()
+    assert "--gpu-node" in text
+    assert "--cpu-node" in text
+    for spec in apc_config.SPECS:
+        assert spec.option in text, spec.option
+        assert spec.ini in text, spec.ini
+
+
+def test_markers_are_registered(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--markers")
+    result.stdout.fnmatch_lines(
+        [
+            "@pytest.mark.apc:*",
+            "@pytest.mark.overhead:*",
+            "@pytest.mark.pure:*",
+            "@pytest.mark.rag:*",
+            "@pytest.mark.sweep:*",
+            "@pytest.mark.apc_cases*",
+        ]
+    )
+
+
+def test_without_profile_apc_tests_skip_naming_both_flags(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(SUITE.replace("pytestmark = pytest.mark.apc", ""))
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["*SKIPPED*--gpu-node*--cpu-node*"])
+
+
+def test_ids_read_like_the_matrix(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(SUITE)
+    result = pytester.runpytest("--collect-only", "-q", "--apc-concurrency=4")
+    result.stdout.fnmatch_lines(["*test_clean[[]C-c4[]]", "*test_clean[[]D-c4[]]"])
+
+
+def test_apc_marker_is_added_to_tests_using_apc_fixtures(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(SUITE.replace("pytestmark = pytest.mark.apc", ""))
+    result = pytester.runpytest("-m", "apc", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["*2/3 tests collected (1 deselected)*"])
+
+
+def test_invalid_setting_is_a_one_line_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(SUITE)
+    result = pytester.runpytest("--apc-num-prompts=-3")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*Invalid apc_num_prompts '-3' from option --apc-num-prompts*"])
+
+
+def test_header_names_profile(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--cpu-node")
+    result.stdout.fnmatch_lines(["apc: profile=cpu model=generated tiny model prompts=30 concurrency=8*"])
