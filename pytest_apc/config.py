@@ -58,6 +58,13 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _fraction_or_zero(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise ValueError("must be in [0, 1]")
+    return value
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     values = tuple(_positive_int(part) for part in text.replace(",", " ").split())
     if not values:
@@ -213,8 +220,42 @@ SPECS: tuple[Spec, ...] = (
         "max_model_len",
         _non_negative_int,
         0,
-        "Value of --max-model-len for both servers. 0: the longest workload plus output, with room for the chat template",
+        "Value of --max-model-len for both servers. 0: the longest workload plus output, with room for "
+        "the chat template",
         "TOKENS",
+    ),
+    Spec("repeats", _positive_int, 1, "Cold runs per measurement; their per-request samples are pooled", "N"),
+    Spec(
+        "confidence",
+        _fraction,
+        0.95,
+        "Confidence of the bootstrap intervals behind every timing verdict",
+        "FRACTION",
+    ),
+    Spec("bootstrap_samples", _positive_int, 2000, "Bootstrap resamples per interval (numpy, seeded)", "N"),
+    Spec(
+        "overhead_tolerance",
+        _positive_float,
+        0.10,
+        "How much slower APC on may be than off (median TTFT, duration) before A/B, and E/F at higher "
+        "concurrency, fail; judged on the bootstrap interval, not the point estimate",
+        "FRACTION",
+        cpu=0.50,
+    ),
+    Spec(
+        "low_concurrency",
+        _positive_int,
+        1,
+        "Concurrency up to which E/F must show a significant TTFT gain (above it queueing dominates TTFT "
+        "and only the duration is held to not being slower)",
+        "N",
+    ),
+    Spec(
+        "min_bound_fraction",
+        _fraction_or_zero,
+        0.0,
+        "Optional gate: the TTFT gain must reach this fraction of its modelled bound (0: report only)",
+        "FRACTION",
     ),
     Spec(
         "hash_algos",

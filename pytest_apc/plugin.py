@@ -187,7 +187,8 @@ def apc_run(request: pytest.FixtureRequest, apc_session: ApcSession) -> RunRecor
 def apc_pair(request: pytest.FixtureRequest, apc_session: ApcSession) -> Pair:
     """The OFF and ON run of one pair at one concurrency (parametrize with the ON case, e.g. ``D-c8``)."""
     off_key, on_key = RunKey.parse(request.param).pair()
-    pair = Pair(off=apc_session.get(off_key), on=apc_session.get(on_key), settings=apc_session.settings)
+    off, on = apc_session.get(off_key), apc_session.get(on_key)
+    pair = Pair(off=off, on=on, settings=apc_session.settings, runs=apc_session.records)
     report.record_properties(request.node, pair.on)
     return pair
 

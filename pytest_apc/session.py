@@ -23,6 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pytest_apc import metrics
 from pytest_apc.bench import BenchError, BenchRunner, bench_args
 from pytest_apc.cases import CASE_FAMILY, FAMILIES, Prediction, RunKey, Workload, predict, workload_for
@@ -47,44 +49,85 @@ class MeasurementError(AssertionError):
 
 
 @dataclass
-class RunRecord:
-    """One measured run, as the tests see it and the results file stores it."""
+class Repeat:
+    """One cold benchmark run: its result, the counter deltas around it and how the cache was reset."""
 
-    key: RunKey
-    workload: Workload
-    server: ServerInfo
     bench: dict[str, Any]
     delta: metrics.Delta | None
     metrics_error: str | None
-    bench_command: str
-    bench_result_file: str
     reset: str | None
-    header_tokens: int
-    wall_s: float
-    prediction: Prediction | None = None
+    result_file: str
+    command: str
 
-    @property
-    def block_size(self) -> int | None:
-        return self.server.block_size
-
-    def require_counters(self) -> metrics.Delta:
+    def require_counters(self, run_id: str, server_mode: str) -> metrics.Delta:
         """The counter deltas, or a "cannot verify" failure naming what is missing."""
         if self.metrics_error:
-            raise MeasurementError(f"cannot verify the prefix cache of run {self.key.id}: {self.metrics_error}")
+            raise MeasurementError(f"cannot verify the prefix cache of run {run_id}: {self.metrics_error}")
         assert self.delta is not None
         missing = self.delta.missing()
         if missing:
             raise MeasurementError(
-                f"cannot verify the prefix cache of run {self.key.id}: /metrics of the {self.server.mode} server "
+                f"cannot verify the prefix cache of run {run_id}: /metrics of the {server_mode} server "
                 f"has no {', '.join(missing)} counter (looked for "
                 f"{', '.join(n for m in missing for n in metrics.COUNTER_NAMES[m])}); "
                 "metrics disabled or a vLLM too old for per-run deltas"
             )
         return self.delta
 
+
+@dataclass
+class RunRecord:
+    """One measured run (``--apc-repeats`` cold repeats of it), as tests see it and the results file stores it."""
+
+    key: RunKey
+    workload: Workload
+    server: ServerInfo
+    repeats: list[Repeat]
+    header_tokens: int
+    wall_s: float
+    prediction: Prediction | None = None
+
+    @property
+    def bench(self) -> dict[str, Any]:
+        """The first repeat's benchmark result (every repeat has the same prompts and arguments)."""
+        return self.repeats[0].bench
+
+    @property
+    def delta(self) -> metrics.Delta | None:
+        return self.repeats[0].delta
+
+    @property
+    def metrics_error(self) -> str | None:
+        return self.repeats[0].metrics_error
+
+    @property
+    def bench_command(self) -> str:
+        return self.repeats[0].command
+
+    def samples_ms(self, metric: str = "ttfts") -> np.ndarray:
+        """Per-request samples of every repeat, pooled, in milliseconds (``ttfts`` or ``latencies``)."""
+        values = [v for r in self.repeats for v in (r.bench.get(metric) or [])]
+        return np.asarray(values, dtype=float) * 1000.0
+
+    def median_ms(self, metric: str = "ttfts") -> float:
+        samples = self.samples_ms(metric)
+        return float(np.median(samples)) if samples.size else float(self.bench["median_ttft_ms"])
+
+    @property
+    def duration_s(self) -> float:
+        return float(np.mean([float(r.bench["duration"]) for r in self.repeats]))
+
+    @property
+    def block_size(self) -> int | None:
+        return self.server.block_size
+
+    def require_counters(self) -> list[tuple[Repeat, metrics.Delta]]:
+        """Every repeat with its counter deltas, or a "cannot verify" failure naming what is missing."""
+        return [(r, r.require_counters(self.key.id, self.server.mode)) for r in self.repeats]
+
     def to_json(self) -> dict[str, Any]:
         b = self.bench
-        duration = float(b["duration"])
+        duration = self.duration_s
         d = self.delta
         return {
             "id": self.key.id,
@@ -103,7 +146,7 @@ class RunRecord:
             "failed": b["failed"],
             "total_input_tokens": b["total_input_tokens"],
             "total_output_tokens": b.get("total_output_tokens"),
-            "median_ttft_ms": b["median_ttft_ms"],
+            "median_ttft_ms": self.median_ms("ttfts"),
             "mean_ttft_ms": b.get("mean_ttft_ms"),
             "p99_ttft_ms": b.get("p99_ttft_ms"),
             "median_tpot_ms": b.get("median_tpot_ms"),
@@ -112,7 +155,8 @@ class RunRecord:
             "input_throughput": b["total_input_tokens"] / duration if duration > 0 else None,
             "output_throughput": b.get("output_throughput"),
             "request_throughput": b.get("request_throughput"),
-            "ttfts_ms": [round(t * 1000, 3) for t in b.get("ttfts") or []],
+            "repeats": len(self.repeats),
+            "ttfts_ms": [round(float(t), 3) for t in self.samples_ms("ttfts")],
             "prefix_cache_queries": d.prefix_cache_queries if d else None,
             "prefix_cache_hits": d.prefix_cache_hits if d else None,
             "hit_ratio": d.hit_ratio if d else None,
@@ -126,10 +170,18 @@ class RunRecord:
             "header_tokens": self.header_tokens,
             "prediction": self.prediction.as_dict() if self.prediction else None,
             "server": self.server.mode,
-            "reset": self.reset,
+            "reset": self.repeats[0].reset,
             "bench_command": self.bench_command,
-            "bench_result_file": self.bench_result_file,
+            "bench_result_file": self.repeats[0].result_file,
             "bench_duration_s": duration,
+            "repeat_counters": [
+                {
+                    "file": r.result_file,
+                    "duration_s": r.bench["duration"],
+                    "delta": r.delta.as_dict() if r.delta else None,
+                }
+                for r in self.repeats
+            ],
             "wall_s": self.wall_s,
         }
 
@@ -317,6 +369,27 @@ class ApcSession:
     def _measure(self, key: RunKey, server: VllmServer) -> RunRecord:
         started = time.monotonic()
         workload = self.workload(key.family)
+        repeats = [
+            self._measure_once(key, workload, server, f"{key.id}-r{i + 1}" if self.settings.repeats > 1 else key.id)
+            for i in range(self.settings.repeats)
+        ]
+        header = server.info.chat_header_tokens
+        record = RunRecord(
+            key=key,
+            workload=workload,
+            server=server.info,
+            repeats=repeats,
+            header_tokens=header if header is not None else -1,
+            wall_s=round(time.monotonic() - started, 3),
+        )
+        if header is not None and server.info.block_size:
+            record.prediction = predict(
+                workload, header, server.info.block_size, int(repeats[0].bench["total_input_tokens"])
+            )
+        return record
+
+    def _measure_once(self, key: RunKey, workload: Workload, server: VllmServer, name: str) -> Repeat:
+        """Reset (APC on), scrape, benchmark, wait until idle, scrape: one cold run."""
         reset = server.reset_prefix_cache() if key.apc else None
         server.check_alive("before the run")
         before: metrics.Snapshot | None
@@ -326,7 +399,7 @@ class ApcSession:
         except metrics.MetricsError as err:
             before, metrics_error = None, str(err)
         bench_dir = self.run_dir / "bench"
-        filename = f"{key.id}.json"
+        bench_dir.mkdir(parents=True, exist_ok=True)
         argv = bench_args(
             workload,
             key,
@@ -335,12 +408,15 @@ class ApcSession:
             tokenizer=self.settings.tokenizer,
             served_model_name=self.settings.served_model_name,
             result_dir=bench_dir,
-            result_filename=filename,
+            result_filename=f"{name}.json",
         )
         assert self._bench is not None
-        bench_dir.mkdir(parents=True, exist_ok=True)
         outcome = self._bench.run(
-            argv, bench_dir / filename, workload.num_prompts, bench_dir / f"{key.id}.log", self.settings.bench_timeout
+            argv,
+            bench_dir / f"{name}.json",
+            workload.num_prompts,
+            bench_dir / f"{name}.log",
+            self.settings.bench_timeout,
         )
         server.check_alive("after the benchmark")
         delta = None
@@ -349,31 +425,13 @@ class ApcSession:
                 delta = metrics.delta(before, server.wait_idle())
             except metrics.MetricsError as err:
                 metrics_error = str(err)
-        header = server.info.chat_header_tokens
-        record = RunRecord(
-            key=key,
-            workload=workload,
-            server=server.info,
-            bench=outcome.result,
-            delta=delta,
-            metrics_error=metrics_error,
-            bench_command=outcome.command,
-            bench_result_file=str(outcome.result_path),
-            reset=reset,
-            header_tokens=header if header is not None else -1,
-            wall_s=round(time.monotonic() - started, 3),
-        )
-        if header is not None and server.info.block_size:
-            record.prediction = predict(
-                workload, header, server.info.block_size, int(outcome.result["total_input_tokens"])
-            )
-        return record
+        return Repeat(outcome.result, delta, metrics_error, reset, str(outcome.result_path), outcome.command)
 
     # -- results -----------------------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
         records = sorted(self.records.values(), key=lambda r: (CASE_FAMILY[r.key.case], r.key))
-        bench_s = sum(float(r.bench["duration"]) for r in records)
+        bench_s = sum(float(rep.bench["duration"]) for r in records for rep in r.repeats)
         measure_s = sum(r.wall_s for r in records)
         elapsed = time.monotonic() - self.started_wall
         return {

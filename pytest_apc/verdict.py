@@ -7,11 +7,15 @@ carries the numbers, and the numbers themselves for the results file). Tests han
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_apc.cases import RunKey
 from pytest_apc.config import Settings
+from pytest_apc.metrics import Delta
 from pytest_apc.session import MeasurementError, RunRecord
+from pytest_apc.stats import Interval, fit_prefill_cost, prefill_speedup_bound, ratio_of_medians
 
 
 @dataclass
@@ -34,96 +38,227 @@ class Verdict:
 
 @dataclass
 class Pair:
-    """The OFF and ON run of one pair (A/B, C/D or E/F) at one concurrency."""
+    """The OFF and ON run of one pair (A/B, C/D or E/F) at one concurrency, and every other measured run."""
 
     off: RunRecord
     on: RunRecord
     settings: Settings
+    runs: Mapping[RunKey, RunRecord] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
         return f"{self.off.key.id}/{self.on.key.id}"
 
+    def ttft_speedup(self) -> Interval:
+        """median TTFT OFF / median TTFT ON with its bootstrap interval (> 1: APC is faster)."""
+        return ratio_of_medians(
+            self.off.samples_ms("ttfts"), self.on.samples_ms("ttfts"),
+            samples=self.settings.bootstrap_samples, confidence=self.settings.confidence,
+        )  # fmt: skip
+
+    def modelled_ttft_bound(self) -> float | None:
+        """The most TTFT can improve for this pair, from a prefill cost model fitted on OFF runs.
+
+        Fitted on the OFF runs measured at concurrency 1 (A, C, E: TTFT is then the prefill of one
+        request), T(L) = a*L + b*L^2; the bound is T(L)/(T(L) - T(cached)). None without such runs.
+        """
+        lengths, seconds = [], []
+        for key, run in sorted(self.runs.items()):
+            if not key.apc and key.concurrency == 1 and not key.hash_algo:
+                lengths.append(float(run.bench["total_input_tokens"]) / run.workload.num_prompts)
+                seconds.append(run.median_ms("ttfts") / 1000.0)
+        cost = fit_prefill_cost(lengths, seconds)
+        p = self.on.prediction
+        if cost is None or p is None or self.on.workload.num_prompts < 2:
+            return None
+        prompt_len = float(self.on.bench["total_input_tokens"]) / self.on.workload.num_prompts
+        cached = p.expected_hits / (self.on.workload.num_prompts - 1)
+        return prefill_speedup_bound(cost, prompt_len, cached)
+
 
 def bench_clean(run: RunRecord) -> Verdict:
-    """Every request of the run completed (the benchmark's exit code says nothing about this)."""
-    b = run.bench
-    ok = int(b["completed"]) == run.workload.num_prompts and int(b["failed"]) == 0
+    """Every request of every repeat completed (the benchmark's exit code says nothing about this)."""
+    bad = [r for r in run.repeats if int(r.bench["completed"]) != run.workload.num_prompts or int(r.bench["failed"])]
+    b = (bad or run.repeats)[0].bench
     return Verdict(
-        "bench_clean", [run.key.id], ok,
-        f"{run.key.id}: completed {b['completed']} of {run.workload.num_prompts} requests, failed {b['failed']}",
+        "bench_clean", [run.key.id], not bad,
+        f"{run.key.id}: completed {b['completed']} of {run.workload.num_prompts} requests, failed {b['failed']}"
+        + (f" (in {len(bad)} of {len(run.repeats)} repeats)" if bad else ""),
         {"completed": b["completed"], "failed": b["failed"]},
     )  # fmt: skip
 
 
 def apc_really_off(run: RunRecord) -> Verdict:
     """An APC-off server looks nothing up and hits nothing, while it still counts the prompt tokens."""
-    d = run.require_counters()
-    tokens = int(run.bench["total_input_tokens"])
-    computed = d.computed_tokens if d.computed_tokens is not None else d.prompt_tokens
-    ok = d.prefix_cache_queries == 0 and d.prefix_cache_hits == 0 and computed == tokens
-    message = (
-        f"{run.key.id} (APC off): prefix-cache queries {d.prefix_cache_queries}, hits {d.prefix_cache_hits} "
-        f"(both must be 0); prompt tokens computed {computed} (must equal the benchmark's {tokens})"
-    )
-    if not ok and (d.prefix_cache_queries or d.prefix_cache_hits):
-        message += "\ndiagnosis: the OFF server looked up the prefix cache, so it is not really off"
-    elif not ok:
-        message += "\ndiagnosis: the server did not count every prompt token (requests lost or still running)"
-    return Verdict(
-        "apc_really_off",
-        [run.key.id],
-        ok,
-        message,
-        {"queries": d.prefix_cache_queries, "hits": d.prefix_cache_hits, "computed_tokens": computed},
-    )
+    lines, ok, numbers = [], True, {}
+    for repeat, d in run.require_counters():
+        tokens = int(repeat.bench["total_input_tokens"])
+        computed = d.computed_tokens if d.computed_tokens is not None else d.prompt_tokens
+        good = d.prefix_cache_queries == 0 and d.prefix_cache_hits == 0 and computed == tokens
+        ok = ok and good
+        numbers = {"queries": d.prefix_cache_queries, "hits": d.prefix_cache_hits, "computed_tokens": computed}
+        lines.append(
+            f"{run.key.id} (APC off): prefix-cache queries {d.prefix_cache_queries}, hits {d.prefix_cache_hits} "
+            f"(both must be 0); prompt tokens computed {computed} (must equal the benchmark's {tokens})"
+        )
+        if not good and (d.prefix_cache_queries or d.prefix_cache_hits):
+            lines.append("diagnosis: the OFF server looked up the prefix cache, so it is not really off")
+        elif not good:
+            lines.append("diagnosis: the server did not count every prompt token (requests lost or still running)")
+    return Verdict("apc_really_off", [run.key.id], ok, "\n".join(lines), numbers)
 
 
 def cached_tokens_match(run: RunRecord) -> Verdict:
     """Hits equal the prediction (N-1)*floor(S/B)*B within one block per request; the books balance."""
-    d = run.require_counters()
     p = run.prediction
     if p is None:
         raise MeasurementError(
             f"cannot predict the hits of run {run.key.id}: block size {run.block_size}, chat header tokens "
             f"{run.header_tokens} (the server's cache_config_info or /tokenize was unavailable)"
         )
-    tokens = int(run.bench["total_input_tokens"])
-    hits, queries = int(d.prefix_cache_hits or 0), int(d.prefix_cache_queries or 0)
-    problems = []
-    if abs(hits - p.expected_hits) > p.tolerance:
-        problems.append(f"hits {hits:,} are not within {p.tolerance:,} of the predicted {p.expected_hits:,}")
-    if queries != tokens:
-        problems.append(f"queries {queries:,} != the benchmark's total input tokens {tokens:,}")
-    if d.cached_tokens is not None and d.cached_tokens != hits:
-        problems.append(f"prompt_tokens_by_source{{local_cache_hit}} {d.cached_tokens:,} != hits {hits:,}")
-    if d.computed_tokens is not None and d.computed_tokens != tokens - hits:
-        problems.append(f"computed prefill {d.computed_tokens:,} != input tokens - hits = {tokens - hits:,}")
-    message = (
-        f"{run.key.id}: cached tokens {hits:,} of {queries:,} queried (hit ratio "
-        f"{(hits / queries if queries else 0):.1%}); predicted {p.expected_hits:,} = "
-        f"({run.workload.num_prompts}-1) x floor({p.shared_prefix_tokens}/{p.block_size}) x {p.block_size} "
-        f"(shared prefix S = {run.header_tokens} template + {run.workload.prefix_len} prefix tokens) "
-        f"+/- {p.tolerance:,}"
-    )
-    if problems:
-        message += "\n" + "\n".join(f"- {problem}" for problem in problems)
+    lines, problems, numbers = [], [], {}
+    for repeat, d in run.require_counters():
+        tokens = int(repeat.bench["total_input_tokens"])
+        hits, queries = int(d.prefix_cache_hits or 0), int(d.prefix_cache_queries or 0)
+        if abs(hits - p.expected_hits) > p.tolerance:
+            problems.append(f"hits {hits:,} are not within {p.tolerance:,} of the predicted {p.expected_hits:,}")
+        if queries != tokens:
+            problems.append(f"queries {queries:,} != the benchmark's total input tokens {tokens:,}")
+        if d.cached_tokens is not None and d.cached_tokens != hits:
+            problems.append(f"prompt_tokens_by_source{{local_cache_hit}} {d.cached_tokens:,} != hits {hits:,}")
+        if d.computed_tokens is not None and d.computed_tokens != tokens - hits:
+            problems.append(f"computed prefill {d.computed_tokens:,} != input tokens - hits = {tokens - hits:,}")
+        lines.append(
+            f"{run.key.id}: cached tokens {hits:,} of {queries:,} queried (hit ratio "
+            f"{(hits / queries if queries else 0):.1%}); predicted {p.expected_hits:,} = "
+            f"({run.workload.num_prompts}-1) x floor({p.shared_prefix_tokens}/{p.block_size}) x {p.block_size} "
+            f"(shared prefix S = {run.header_tokens} template + {run.workload.prefix_len} prefix tokens) "
+            f"+/- {p.tolerance:,}"
+        )
+        numbers = {
+            "hits": hits,
+            "queries": queries,
+            "expected_hits": p.expected_hits,
+            "tolerance": p.tolerance,
+            "computed_tokens": d.computed_tokens,
+            "cached_tokens": d.cached_tokens,
+        }
         if hits < p.expected_hits - p.tolerance:
-            message += "\ndiagnosis: " + diagnose_short_hits(run)
-    numbers = {
-        "hits": hits,
-        "queries": queries,
-        "expected_hits": p.expected_hits,
-        "tolerance": p.tolerance,
-        "computed_tokens": d.computed_tokens,
-        "cached_tokens": d.cached_tokens,
-    }
+            problems.append("diagnosis: " + diagnose_short_hits(run, d))
+    message = "\n".join(lines + [f"- {problem}" for problem in dict.fromkeys(problems)])
     return Verdict("cached_tokens_match", [run.key.id], not problems, message, numbers)
 
 
-def diagnose_short_hits(run: RunRecord) -> str:
+def prefill_saved(pair: Pair) -> Verdict:
+    """The prefill the ON server computed is what the prediction leaves, so APC saved what it should."""
+    p = pair.on.prediction
+    if p is None:
+        return cached_tokens_match(pair.on)  # raises the "cannot predict" failure
+    (_, off), (_, on) = pair.off.require_counters()[0], pair.on.require_counters()[0]
+    computed_off = off.computed_tokens if off.computed_tokens is not None else off.prompt_tokens
+    computed_on = (
+        on.computed_tokens if on.computed_tokens is not None else (on.prompt_tokens or 0) - (on.prefix_cache_hits or 0)
+    )
+    ok = computed_off is not None and computed_on is not None and computed_on <= p.computed_tokens_on + p.tolerance
+    ratio = (computed_off / computed_on) if computed_off and computed_on else None
+    message = (
+        f"{pair.id}: prefill computed OFF {computed_off:,} tokens, ON {computed_on:,} tokens: "
+        f"{ratio or 0:.2f}x less work (bound from the workload {p.prefill_bound:.2f}x, "
+        f"predicted ON {p.computed_tokens_on:,} +/- {p.tolerance:,})"
+    )
+    if not ok:
+        message += "\ndiagnosis: " + diagnose_short_hits(pair.on, on)
+    return Verdict(
+        "prefill_saved",
+        [pair.off.key.id, pair.on.key.id],
+        ok,
+        message,
+        {"computed_off": computed_off, "computed_on": computed_on, "ratio": ratio, "bound": p.prefill_bound},
+    )
+
+
+def _timing_numbers(pair: Pair) -> dict[str, Any]:
+    speedup = pair.ttft_speedup()
+    return {
+        "median_ttft_off_ms": pair.off.median_ms(), "median_ttft_on_ms": pair.on.median_ms(),
+        "ttft_speedup": speedup.estimate, "ttft_speedup_low": speedup.low, "ttft_speedup_high": speedup.high,
+        "confidence": speedup.confidence,
+        "prefill_bound": pair.on.prediction.prefill_bound if pair.on.prediction else None,
+        "modelled_ttft_bound": pair.modelled_ttft_bound(),
+        "duration_off_s": pair.off.duration_s, "duration_on_s": pair.on.duration_s,
+        "duration_speedup": pair.off.duration_s / pair.on.duration_s if pair.on.duration_s else None,
+    }  # fmt: skip
+
+
+def _bounds_text(n: dict[str, Any]) -> str:
+    text = f"prefill-token bound {n['prefill_bound']:.2f}x" if n["prefill_bound"] else "no prefill bound"
+    if n["modelled_ttft_bound"]:
+        text += f", modelled TTFT bound {n['modelled_ttft_bound']:.2f}x (cost model fitted on the OFF runs at c1)"
+    return text
+
+
+def ttft_gain(pair: Pair) -> Verdict:
+    """Median TTFT improves significantly: the bootstrap interval of OFF/ON lies above 1."""
+    n = _timing_numbers(pair)
+    low = n["ttft_speedup_low"]
+    ok = low > 1.0
+    message = (
+        f"{pair.id} at concurrency {pair.on.key.concurrency}: median TTFT {n['median_ttft_off_ms']:,.1f} -> "
+        f"{n['median_ttft_on_ms']:,.1f} ms, gain {n['ttft_speedup']:.2f}x [{low:.2f}, {n['ttft_speedup_high']:.2f}] "
+        f"({n['confidence']:.0%} CI) next to its {_bounds_text(n)}; duration {n['duration_off_s']:.2f} -> "
+        f"{n['duration_on_s']:.2f} s"
+    )
+    fraction = pair.settings.min_bound_fraction
+    bound = n["modelled_ttft_bound"] or n["prefill_bound"]
+    if ok and fraction and bound:
+        target = 1 + fraction * (bound - 1)
+        if n["ttft_speedup"] < target:
+            ok = False
+            message += (
+                f"\n- gain {n['ttft_speedup']:.2f}x is below {fraction:.0%} of the way to the bound ({target:.2f}x)"
+            )
+    if not ok and low <= 1.0:
+        message += (
+            "\n- the gain is not significant: its interval reaches 1.0 (no improvement)"
+            "\ndiagnosis: hits were verified separately; a cache that hits but does not speed up TTFT points at "
+            "a prefill that is a small share of TTFT (queueing, decode-bound, tiny prompts) or APC overhead"
+        )
+    return Verdict("ttft_gain", [pair.off.key.id, pair.on.key.id], ok, message, n)
+
+
+def not_slower(pair: Pair) -> Verdict:
+    """APC on is not slower than off beyond --apc-overhead-tolerance (median TTFT interval and duration)."""
+    n = _timing_numbers(pair)
+    tol = pair.settings.overhead_tolerance
+    problems = []
+    # ON/OFF slowdown interval = 1/speedup; significantly slower when its low end is above 1 + tol.
+    slowdown_low = 1 / n["ttft_speedup_high"] if n["ttft_speedup_high"] else float("inf")
+    if slowdown_low > 1 + tol:
+        problems.append(f"median TTFT is slower with APC by at least {slowdown_low - 1:.0%} (tolerance {tol:.0%})")
+    duration_ratio = n["duration_on_s"] / n["duration_off_s"] if n["duration_off_s"] else float("inf")
+    if duration_ratio > 1 + tol:
+        problems.append(f"the run took {duration_ratio - 1:.0%} longer with APC (tolerance {tol:.0%})")
+    message = (
+        f"{pair.id} at concurrency {pair.on.key.concurrency}: median TTFT {n['median_ttft_off_ms']:,.1f} -> "
+        f"{n['median_ttft_on_ms']:,.1f} ms (gain {n['ttft_speedup']:.2f}x [{n['ttft_speedup_low']:.2f}, "
+        f"{n['ttft_speedup_high']:.2f}]); duration {n['duration_off_s']:.2f} -> {n['duration_on_s']:.2f} s; "
+        f"{_bounds_text(n)}; tolerance {tol:.0%}"
+    )
+    if problems:
+        message += "\n" + "\n".join(f"- {p}" for p in problems)
+        message += "\ndiagnosis: APC overhead (hashing, lookups, block management) costs more than it saves here"
+    return Verdict("not_slower", [pair.off.key.id, pair.on.key.id], not problems, message, n)
+
+
+def rag_effect(pair: Pair) -> Verdict:
+    """E/F: a significant TTFT gain at low concurrency; above it, queueing dominates TTFT, so not slower."""
+    if pair.on.key.concurrency <= pair.settings.low_concurrency:
+        return ttft_gain(pair)
+    return not_slower(pair)
+
+
+def diagnose_short_hits(run: RunRecord, d: Delta | None) -> str:
     """The likeliest cause of too few hits, from what was measured (checked in the review's order)."""
-    d = run.delta
     info = run.server
     p = run.prediction
     causes = []

@@ -26,3 +26,10 @@ def test_apc_really_off(apc_run, apc_assert):
 def test_cached_tokens(apc_run, apc_assert):
     """The ON server served (N-1) x floor(S/B) x B cached tokens, S = template header + prefix."""
     apc_assert(verdict.cached_tokens_match(apc_run))
+
+
+@pytest.mark.apc_cases("D")
+def test_pure_apc(apc_pair, apc_assert):
+    """D computes only the suffixes (and one prefix), and its median TTFT is significantly lower than C's."""
+    apc_assert(verdict.prefill_saved(apc_pair))
+    apc_assert(verdict.ttft_gain(apc_pair))

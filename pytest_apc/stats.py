@@ -1,0 +1,71 @@
+"""Statistics behind the timing verdicts: bootstrap intervals of a ratio of medians (numpy, seeded)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its two-sided bootstrap confidence interval."""
+
+    estimate: float
+    low: float
+    high: float
+    confidence: float
+
+    def __str__(self) -> str:
+        return f"{self.estimate:.2f}x [{self.low:.2f}, {self.high:.2f}] ({self.confidence:.0%} CI)"
+
+
+def ratio_of_medians(
+    numerator: np.ndarray, denominator: np.ndarray, *, samples: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> Interval:
+    """median(numerator) / median(denominator), with a percentile bootstrap over both sample sets.
+
+    Used as OFF/ON for a speedup (a gain is significant when ``low > 1``) and ON/OFF for an overhead.
+    """
+    num = np.asarray(numerator, dtype=float)
+    den = np.asarray(denominator, dtype=float)
+    if num.size == 0 or den.size == 0:
+        raise ValueError("no samples to compare (was the benchmark run with --save-detailed?)")
+    rng = np.random.default_rng(seed)
+    num_idx = rng.integers(0, num.size, size=(samples, num.size))
+    den_idx = rng.integers(0, den.size, size=(samples, den.size))
+    ratios = np.median(num[num_idx], axis=1) / np.median(den[den_idx], axis=1)
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(ratios, [alpha, 1 - alpha])
+    return Interval(float(np.median(num) / np.median(den)), float(low), float(high), confidence)
+
+
+def fit_prefill_cost(lengths: list[float], seconds: list[float]) -> tuple[float, float] | None:
+    """Fit T(L) = a*L + b*L^2 (projection + attention) through measured prefill times; None if unusable.
+
+    Least squares without intercept, coefficients clipped at 0 (a cost cannot be negative).
+    """
+    if len(lengths) < 2 or len(set(lengths)) < 2:
+        return None
+    x = np.asarray(lengths, dtype=float)
+    y = np.asarray(seconds, dtype=float)
+    design = np.stack([x, x * x], axis=1)
+    (a, b), *_ = np.linalg.lstsq(design, y, rcond=None)
+    a, b = max(float(a), 0.0), max(float(b), 0.0)
+    if a == 0 and b == 0:
+        return None
+    return a, b
+
+
+def prefill_speedup_bound(cost: tuple[float, float], prompt_len: float, cached_len: float) -> float:
+    """Most a prefix cache can speed up one request's prefill under cost T(L)=aL+bL^2.
+
+    Computing tokens cached..L over a context of L costs T(L) - T(cached) in a causal prefill.
+    """
+    a, b = cost
+
+    def t(length: float) -> float:
+        return a * length + b * length * length
+
+    remaining = t(prompt_len) - t(cached_len)
+    return t(prompt_len) / remaining if remaining > 0 else float("inf")

@@ -1,0 +1,36 @@
+"""Cases E/F: a 32K prefix shared by every request and a 32K unique suffix (agent/RAG shape).
+
+APC can at best skip the prefix's prefill, about half the tokens and less than half the attention work,
+so 5-10x is the wrong bar here: the verdicts compare with bounds computed from the workload.
+"""
+
+import pytest
+
+from pytest_apc import verdict
+
+pytestmark = [pytest.mark.apc, pytest.mark.rag]
+
+
+@pytest.mark.apc_cases("EF")
+def test_bench_clean(apc_run, apc_assert):
+    """Every request of the run completed; a failed request is never averaged away."""
+    apc_assert(verdict.bench_clean(apc_run))
+
+
+@pytest.mark.apc_cases("E")
+def test_apc_really_off(apc_run, apc_assert):
+    """The OFF server made no prefix-cache lookups and served no hits."""
+    apc_assert(verdict.apc_really_off(apc_run))
+
+
+@pytest.mark.apc_cases("F")
+def test_cached_tokens(apc_run, apc_assert):
+    """The ON server served (N-1) x floor(S/B) x B cached tokens, S = template header + prefix."""
+    apc_assert(verdict.cached_tokens_match(apc_run))
+
+
+@pytest.mark.apc_cases("F")
+def test_rag_apc(apc_pair, apc_assert):
+    """F computes about half of E's prefill; at high concurrency it must not be slower (TTFT is queueing)."""
+    apc_assert(verdict.prefill_saved(apc_pair))
+    apc_assert(verdict.rag_effect(apc_pair))

@@ -1,0 +1,43 @@
+"""The concurrency sweep: C/D and E/F again at every level of --apc-sweep-concurrency (1, 2, 4, 8).
+
+In vLLM V1 blocks are registered when scheduled, so the cached tokens must not depend on concurrency:
+every level is held to the same prediction. The default level's runs are shared with the case tests.
+"""
+
+import pytest
+
+from pytest_apc import verdict
+
+pytestmark = [pytest.mark.apc, pytest.mark.sweep]
+
+
+@pytest.mark.apc_cases("CDEF", sweep=True)
+def test_bench_clean(apc_run, apc_assert):
+    """Every request of every level completed."""
+    apc_assert(verdict.bench_clean(apc_run))
+
+
+@pytest.mark.apc_cases("CE", sweep=True)
+def test_apc_really_off(apc_run, apc_assert):
+    """The OFF server counts nothing at any concurrency."""
+    apc_assert(verdict.apc_really_off(apc_run))
+
+
+@pytest.mark.apc_cases("DF", sweep=True)
+def test_cached_tokens_independent_of_concurrency(apc_run, apc_assert):
+    """The same predicted hits at every concurrency."""
+    apc_assert(verdict.cached_tokens_match(apc_run))
+
+
+@pytest.mark.apc_cases("D", sweep=True)
+def test_pure_apc(apc_pair, apc_assert):
+    """The pure APC effect holds at every concurrency."""
+    apc_assert(verdict.prefill_saved(apc_pair))
+    apc_assert(verdict.ttft_gain(apc_pair))
+
+
+@pytest.mark.apc_cases("F", sweep=True)
+def test_rag_apc(apc_pair, apc_assert):
+    """Agent/RAG: a significant TTFT gain at low concurrency, never slower above it."""
+    apc_assert(verdict.prefill_saved(apc_pair))
+    apc_assert(verdict.rag_effect(apc_pair))
