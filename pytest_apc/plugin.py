@@ -79,24 +79,31 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[SIGTERM_KEY] = previous
             signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     if settings.enabled:
-        config.stash[SESSION_KEY] = _new_session(config, settings)
+        config.stash[SESSION_KEY] = apc = _new_session(config, settings)
+        if not _is_worker(config):
+            config.pluginmanager.register(report.ControllerReporter(config, apc), "apc-reporter")
 
 
 def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSession:
-    root = Path(settings.results_dir)
-    if not root.is_absolute():
-        root = Path(config.rootpath) / root
-    worker = getattr(config, "workerinput", {}).get("workerid", "")
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = root / (f"{stamp}-{worker}" if worker else stamp)
-    suffix = 1
-    while run_dir.exists():
-        suffix += 1
-        run_dir = root / f"{stamp}-{suffix}"
+    """The run's session; xdist workers share the controller's run folder (and so its store and lock)."""
+    winput = getattr(config, "workerinput", None)
+    if winput is not None and "apc_run_dir" in winput:
+        run_dir = Path(winput["apc_run_dir"])
+    else:
+        root = Path(settings.results_dir)
+        if not root.is_absolute():
+            root = Path(config.rootpath) / root
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir, suffix = root / stamp, 1
+        while run_dir.exists():
+            suffix += 1
+            run_dir = root / f"{stamp}-{suffix}"
     json_path = Path(settings.json) if settings.json else run_dir / "results.json"
     tr = config.pluginmanager.get_plugin("terminalreporter")
     progress = report.progress_writer(config, tr)
-    return ApcSession(settings=settings, run_dir=run_dir, json_path=json_path, progress=progress)
+    return ApcSession(
+        settings=settings, run_dir=run_dir, json_path=json_path, progress=progress, is_worker=winput is not None
+    )
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -104,6 +111,9 @@ def pytest_configure_node(node: Any) -> None:
     """xdist controller: workers share this run's owner tag and process registry (for the reaper)."""
     node.workerinput["apc_owner"] = procs.owner_tag()
     node.workerinput["apc_registry"] = str(procs.registry_dir())
+    apc = node.config.stash.get(SESSION_KEY, None)
+    if apc is not None:
+        node.workerinput["apc_run_dir"] = str(apc.run_dir)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -209,13 +219,10 @@ def apc_assert(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdict]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     rep = yield
-    session = item.config.stash.get(SESSION_KEY, None)
     verdicts = item.stash.get(VERDICTS_KEY, [])
-    if session is not None and rep.when == "call" and verdicts:
-        for verdict in verdicts:
-            session.verdicts.append({**verdict.to_json(), "test": item.nodeid, "outcome": rep.outcome})
+    if rep.when == "call" and verdicts:
+        # Travels with the report to the xdist controller (plain data only).
         rep.user_properties.append(("apc_verdicts", [v.to_json() for v in verdicts]))
-        session.write_json()
     return rep
 
 
@@ -223,13 +230,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     apc = session.config.stash.get(SESSION_KEY, None)
     if apc is not None:
         apc.close()
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    apc = config.stash.get(SESSION_KEY, None)
-    if apc is None or _is_worker(config):
-        return
-    report.terminal_summary(terminalreporter, apc)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -112,3 +112,24 @@ def terminal_summary(tr: Any, apc: ApcSession) -> None:
     for key, error in sorted(apc.errors.items()):
         tr.write_line(f"NOT MEASURED {key.id}: {error.splitlines()[0]}", red=True)
     tr.write_line(f"results: {apc.json_path}")
+
+
+class ControllerReporter:
+    """Registered on the controller only (or the single process): gathers verdicts from every report,
+    which is how results cross from xdist workers, and prints the summary once."""
+
+    def __init__(self, config: pytest.Config, apc: ApcSession) -> None:
+        self.config = config
+        self.apc = apc
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for name, value in report.user_properties:
+            if name == "apc_verdicts" and isinstance(value, list):
+                for verdict in value:
+                    self.apc.verdicts.append({**verdict, "test": report.nodeid, "outcome": report.outcome})
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        self.apc.load_store()
+        terminal_summary(terminalreporter, self.apc)

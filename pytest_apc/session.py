@@ -13,11 +13,13 @@ written to the results file at once, so a later crash loses nothing.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import pickle
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -194,6 +196,7 @@ class ApcSession:
     run_dir: Path
     json_path: Path
     progress: Callable[[str], None] = lambda message: None
+    is_worker: bool = False  # an xdist worker: measures and shares, the controller reports
     planned: set[RunKey] = field(default_factory=set)
     records: dict[RunKey, RunRecord] = field(default_factory=dict)
     errors: dict[RunKey, str] = field(default_factory=dict)
@@ -226,19 +229,72 @@ class ApcSession:
     # -- the one entry point tests use ---------------------------------------------------------------------
 
     def get(self, key: RunKey) -> RunRecord:
-        """The measured run for ``key`` (measuring its whole server mode first if needed)."""
+        """The measured run for ``key`` (measuring its whole server mode first if needed).
+
+        Under pytest-xdist every worker is its own session; they share ``run_dir``. A lock there makes
+        sure one server runs at a time on the node and each mode is measured by one worker only; the
+        others adopt its runs from the shared store.
+        """
         if key not in self.records and key not in self.errors:
             self.planned.add(key)
             mode = ServerMode(key.apc, key.hash_algo)
-            if mode in self._done_modes:
-                # Not planned at collection (a dynamic request): measuring it would need a second launch.
-                raise MeasurementError(
-                    f"run {key.id} was not planned at collection and its {mode.name} server is already stopped"
-                )
-            self._measure_mode(mode)
+            with self._lock():
+                self.load_store()
+                if key not in self.records and key not in self.errors:
+                    if mode in self._done_modes:
+                        # Not planned at collection: measuring it now would need a second launch.
+                        raise MeasurementError(
+                            f"run {key.id} was not planned at collection and its {mode.name} server is already "
+                            "stopped"
+                        )
+                    self._measure_mode(mode)
+                    self._save_store()
         if key in self.errors:
             raise MeasurementError(self.errors[key])
         return self.records[key]
+
+    # -- the store shared by xdist workers -----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with (self.run_dir / "measure.lock").open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @property
+    def _store_path(self) -> Path:
+        return self.run_dir / "store.pickle"
+
+    def _save_store(self) -> None:
+        state = {
+            "records": self.records,
+            "errors": self.errors,
+            "launches": dict(self.launches),
+            "servers": self.servers,
+            "done_modes": self._done_modes,
+            "server_seconds": self.server_seconds,
+            "model": self._model,
+        }
+        tmp = self._store_path.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(state))
+        os.replace(tmp, self._store_path)
+
+    def load_store(self) -> None:
+        """Adopt what any process of this run has measured (trusted: written by this run itself)."""
+        if not self._store_path.is_file():
+            return
+        state = pickle.loads(self._store_path.read_bytes())
+        self.records.update(state["records"])
+        self.errors.update(state["errors"])
+        self.launches = Counter(state["launches"])
+        self.servers.update(state["servers"])
+        self._done_modes |= state["done_modes"]
+        self.server_seconds = state["server_seconds"]
+        self._model = self._model or state["model"]
 
     # -- servers -----------------------------------------------------------------------------------------
 
@@ -473,5 +529,7 @@ class ApcSession:
             with contextlib.suppress(Exception):
                 self._bench.close()
             self._bench = None
-        with contextlib.suppress(Exception):
-            self.write_json()
+        if not self.is_worker:
+            self.load_store()
+            with contextlib.suppress(Exception):
+                self.write_json()

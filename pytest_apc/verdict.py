@@ -218,11 +218,8 @@ def ttft_gain(pair: Pair) -> Verdict:
                 f"\n- gain {n['ttft_speedup']:.2f}x is below {fraction:.0%} of the way to the bound ({target:.2f}x)"
             )
     if not ok and low <= 1.0:
-        message += (
-            "\n- the gain is not significant: its interval reaches 1.0 (no improvement)"
-            "\ndiagnosis: hits were verified separately; a cache that hits but does not speed up TTFT points at "
-            "a prefill that is a small share of TTFT (queueing, decode-bound, tiny prompts) or APC overhead"
-        )
+        message += "\n- the gain is not significant: its interval reaches 1.0 (no improvement)"
+        message += "\ndiagnosis: " + diagnose_no_gain(pair)
     return Verdict("ttft_gain", [pair.off.key.id, pair.on.key.id], ok, message, n)
 
 
@@ -255,6 +252,22 @@ def rag_effect(pair: Pair) -> Verdict:
     if pair.on.key.concurrency <= pair.settings.low_concurrency:
         return ttft_gain(pair)
     return not_slower(pair)
+
+
+def diagnose_no_gain(pair: Pair) -> str:
+    """Why an ON run is not faster: first whether the cache hit at all, then what else eats the gain."""
+    p = pair.on.prediction
+    hits = pair.on.delta.prefix_cache_hits if pair.on.delta else None
+    if p is not None and p.shared_blocks == 0:
+        return diagnose_short_hits(pair.on, pair.on.delta)
+    if p is not None and hits is not None and hits < p.expected_hits - p.tolerance:
+        return f"too few cache hits ({hits:,} of {p.expected_hits:,} predicted): " + diagnose_short_hits(
+            pair.on, pair.on.delta
+        )
+    return (
+        f"the cache hit as predicted ({hits if hits is not None else '?'} tokens), so the prefill it saves is a "
+        "small share of TTFT here: queueing at this concurrency, a decode-bound or tiny workload, or APC overhead"
+    )
 
 
 def diagnose_short_hits(run: RunRecord, d: Delta | None) -> str:

@@ -47,6 +47,22 @@ def test_one_launch_per_mode(full_run) -> None:
     assert data["server_launches"] == {"apc-off": 1, "apc-on": 1}
 
 
+def test_every_verdict_recorded_and_passed(full_run) -> None:
+    _, data = full_run
+    names = {v["name"] for v in data["verdicts"]}
+    assert names == {"bench_clean", "apc_really_off", "cached_tokens_match", "prefill_saved", "ttft_gain", "not_slower"}
+    assert all(v["passed"] for v in data["verdicts"])
+
+
+def test_hits_do_not_depend_on_concurrency(full_run) -> None:
+    _, data = full_run
+    runs = {r["id"]: r for r in data["runs"]}
+    for case in "DF":
+        hits = {runs[f"{case}-c{c}"]["prefix_cache_hits"] for c in (1, 2, 4, 8)}
+        assert len(hits) == 1, (case, hits)
+    assert {r["case"] for r in data["runs"]} == set("ABCDEF")
+
+
 def test_pure_hits_are_29_times_the_block_aligned_prefix(full_run) -> None:
     _, data = full_run
     runs = {r["id"]: r for r in data["runs"]}
@@ -112,4 +128,19 @@ def test_subset_starts_only_what_it_needs(tmp_path) -> None:
     data = results(tmp_path)
     assert data["server_launches"] == {"apc-off": 1, "apc-on": 1}
     assert {r["case"] for r in data["runs"]} == {"C", "D"}
+    assert not inner.leftovers()
+
+
+def test_off_server_that_is_not_off_is_refused(tmp_path) -> None:
+    """A real vLLM told --enable-prefix-caching after the plugin's --no-enable-prefix-caching runs with APC:
+    the OFF server must be refused before anything is measured on it."""
+    from tests.conftest import InnerRun
+
+    args = [str(TESTS_APC), "-m", "pure and not sweep", "--cpu-node", "--apc-server-arg=--enable-prefix-caching",
+            f"--apc-results-dir={tmp_path}/apc-results"]  # fmt: skip
+    inner = InnerRun(args, tmp_path, timeout=900).wait()
+    assert inner.ret == 1
+    assert "apc-off server reports vllm:cache_config_info{enable_prefix_caching='True'}" in inner.output
+    assert "does not run in the mode it was started for" in inner.output
+    assert "--no-enable-prefix-caching --enable-prefix-caching" in inner.output  # the command line
     assert not inner.leftovers()

@@ -1,0 +1,176 @@
+"""Each verdict fails, with the right diagnosis, when its premise is broken.
+
+The records are built by hand because these premises (a server that reports APC on but never looks up,
+preemptions, an undersized KV cache) cannot all be produced on a CPU; the real-vLLM cases are in
+test_e2e_cpu.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pytest_apc import verdict
+from pytest_apc.cases import RunKey, predict, workload_for
+from pytest_apc.metrics import Delta
+from pytest_apc.server import ServerInfo
+from pytest_apc.session import MeasurementError, Repeat, RunRecord
+
+N = 30
+
+
+def settings(pytester: pytest.Pytester, *args: str):
+    from pytest_apc import config
+
+    return config.resolve(pytester.parseconfig("--cpu-node", *args), environ={})
+
+
+def delta(queries: int, hits: int, preemptions: int = 0) -> Delta:
+    return Delta(queries, hits, queries, queries - hits, hits, 0, preemptions, {})
+
+
+def off_delta(settings_, case: str, header: int = 26) -> Delta:
+    """What a healthy OFF server counts: no lookups, every prompt token computed."""
+    tokens = N * (workload_for(RunKey(case, 1).family, settings_).prompt_len + header)
+    return Delta(0, 0, tokens, tokens, 0, 0, 0, {})
+
+
+def record(
+    settings_,
+    case: str,
+    concurrency: int,
+    d: Delta | None,
+    ttft_ms: float,
+    *,
+    blocks: int = 32768,
+    block_size: int = 128,
+    header: int = 26,
+    error: str | None = None,
+) -> RunRecord:
+    key = RunKey(case, concurrency)
+    workload = workload_for(key.family, settings_)
+    tokens = N * (workload.prompt_len + header)
+    rng = np.random.default_rng(len(case) + concurrency)
+    bench = {
+        "completed": N,
+        "failed": 0,
+        "total_input_tokens": tokens,
+        "duration": ttft_ms / 10,
+        "median_ttft_ms": ttft_ms,
+        "ttfts": list(rng.normal(ttft_ms, ttft_ms * 0.05, N) / 1000),
+    }
+    info = ServerInfo(
+        mode="apc-on" if key.apc else "apc-off",
+        command=[],
+        url="",
+        log="/tmp/x.log",
+        block_size=block_size,
+        num_gpu_blocks=blocks,
+        cache_config={"enable_prefix_caching": str(key.apc)},
+    )
+    run = RunRecord(key, workload, info, [Repeat(bench, d, error, None, "r.json", "cmd")], header, 1.0)
+    run.prediction = predict(workload, header, block_size, tokens)
+    return run
+
+
+def test_healthy_pure_pair_passes(pytester) -> None:
+    s = settings(pytester)
+    off = record(s, "C", 8, off_delta(s, "C"), 120.0)
+    tokens = int(off.bench["total_input_tokens"])
+    on = record(s, "D", 8, delta(tokens, off.prediction.expected_hits), 40.0)
+    pair = verdict.Pair(off, on, s)
+    assert verdict.cached_tokens_match(on).passed
+    assert verdict.apc_really_off(off).passed
+    assert verdict.prefill_saved(pair).passed
+    gain = verdict.ttft_gain(pair)
+    assert gain.passed, gain.message
+    assert gain.numbers["ttft_speedup"] == pytest.approx(3.0, rel=0.1)
+
+
+def test_on_server_that_never_looks_up_is_diagnosed_as_apc_off(pytester) -> None:
+    s = settings(pytester)
+    on = record(s, "D", 8, Delta(0, 0, 1000, 1000, 0, 0, 0, {}), 40.0)
+    v = verdict.cached_tokens_match(on)
+    assert not v.passed
+    assert "APC is off on the server: it made no prefix-cache lookups" in v.message
+
+
+def test_off_server_that_hits_is_not_really_off(pytester) -> None:
+    s = settings(pytester)
+    off = record(s, "C", 8, delta(64000, 59000), 40.0)
+    v = verdict.apc_really_off(off)
+    assert not v.passed
+    assert "the OFF server looked up the prefix cache, so it is not really off" in v.message
+
+
+def test_preemptions_and_kv_capacity_are_named(pytester) -> None:
+    s = settings(pytester)
+    on = record(s, "D", 8, delta(64263, 20000, preemptions=11), 40.0, blocks=40)
+    v = verdict.cached_tokens_match(on)
+    assert not v.passed
+    assert "11 preemptions during the run" in v.message
+    assert "KV-cache capacity: concurrency 8 x 17 blocks per request = 136 blocks > the server's 40" in v.message
+
+
+def test_block_size_larger_than_prefix_is_named(pytester) -> None:
+    s = settings(pytester)
+    off = record(s, "C", 8, delta(0, 0), 100.0, block_size=4096)
+    on = record(s, "D", 8, delta(64263, 0), 100.0, block_size=4096)
+    v = verdict.ttft_gain(verdict.Pair(off, on, s))
+    assert not v.passed
+    assert "block size 4096 is larger than the shared prefix of 2074 tokens" in v.message
+
+
+def test_prefixes_that_differ_are_the_fallback_diagnosis(pytester) -> None:
+    s = settings(pytester)
+    on = record(s, "D", 8, delta(64263, 1024), 40.0)
+    v = verdict.cached_tokens_match(on)
+    assert not v.passed
+    assert "the prompts did not share the predicted prefix" in v.message
+
+
+def test_no_significant_gain_fails_ttft_gain(pytester) -> None:
+    s = settings(pytester)
+    off = record(s, "C", 8, delta(0, 0), 100.0)
+    on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 99.0)
+    v = verdict.ttft_gain(verdict.Pair(off, on, s))
+    assert not v.passed
+    assert "the gain is not significant" in v.message
+    assert "the cache hit as predicted" in v.message
+
+
+def test_apc_overhead_beyond_tolerance_fails(pytester) -> None:
+    s = settings(pytester, "--apc-overhead-tolerance=0.1")
+    off = record(s, "A", 8, delta(0, 0), 100.0)
+    on = record(s, "B", 8, delta(int(off.bench["total_input_tokens"]), 0), 150.0)
+    v = verdict.not_slower(verdict.Pair(off, on, s))
+    assert not v.passed
+    assert "median TTFT is slower with APC by at least" in v.message
+    assert "took 50% longer with APC" in v.message
+
+
+def test_min_bound_fraction_gate(pytester) -> None:
+    s = settings(pytester, "--apc-min-bound-fraction=0.5")
+    off = record(s, "C", 8, delta(0, 0), 100.0)
+    on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 50.0)
+    v = verdict.ttft_gain(verdict.Pair(off, on, s))
+    assert not v.passed  # 2x is not half-way to the 13x bound
+    assert "below 50% of the way to the bound" in v.message
+
+
+def test_missing_counters_cannot_verify(pytester) -> None:
+    s = settings(pytester)
+    on = record(s, "D", 8, Delta(None, None, 10, None, None, None, None, {}), 40.0)
+    with pytest.raises(MeasurementError, match="has no prefix_cache_queries, prefix_cache_hits counter"):
+        verdict.cached_tokens_match(on)
+    broken = record(s, "D", 8, None, 40.0, error="/metrics is not valid Prometheus text")
+    with pytest.raises(MeasurementError, match="cannot verify the prefix cache of run D-c8"):
+        verdict.cached_tokens_match(broken)
+
+
+def test_rag_effect_switches_on_concurrency(pytester) -> None:
+    s = settings(pytester)
+    off1, on1 = record(s, "E", 1, delta(0, 0), 80.0), record(s, "F", 1, delta(1, 0), 79.0)
+    assert verdict.rag_effect(verdict.Pair(off1, on1, s)).name == "ttft_gain"
+    off8, on8 = record(s, "E", 8, delta(0, 0), 80.0), record(s, "F", 8, delta(1, 0), 79.0)
+    assert verdict.rag_effect(verdict.Pair(off8, on8, s)).name == "not_slower"
