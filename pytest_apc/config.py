@@ -82,6 +82,31 @@ def _hash_algos(text: str) -> tuple[str, ...]:
     return values
 
 
+BASELINE_METRICS = ("ttft_on", "speedup", "cached_tokens")
+DEFAULT_TOLERANCES: dict[str, tuple[str, float]] = {
+    "ttft_on": ("%", 10.0),
+    "speedup": ("%", 10.0),
+    "cached_tokens": ("%", 0.0),
+}
+
+
+def _tolerances(text: str) -> dict[str, tuple[str, float]]:
+    """``ttft_on=10%,speedup=0.5`` -> {metric: ("%" | "abs", value)}; unnamed metrics keep defaults."""
+    found = dict(DEFAULT_TOLERANCES)
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        if not sep or name not in BASELINE_METRICS:
+            raise ValueError(f"expected METRIC=N or METRIC=N% with METRIC in {', '.join(BASELINE_METRICS)}")
+        kind = "%" if value.endswith("%") else "abs"
+        number = float(value.rstrip("%"))
+        if number < 0:
+            raise ValueError(f"{name} tolerance must be >= 0")
+        found[name] = (kind, number)
+    return found
+
+
 def _profile(text: str) -> str:
     if text not in PROFILES:
         raise ValueError(f"must be one of {', '.join(PROFILES)}")
@@ -192,6 +217,32 @@ SPECS: tuple[Spec, ...] = (
         "Results file, rewritten after every measurement. Default: results.json in "
         "the run's folder under --apc-results-dir",
         "PATH",
+    ),
+    Spec(
+        "markdown",
+        _str,
+        "",
+        "Markdown summary file. Default: summary.md in the run's folder; also appended to $GITHUB_STEP_SUMMARY "
+        "when that is set",
+        "PATH",
+    ),
+    Spec(
+        "baseline",
+        _str,
+        "",
+        "A results.json of an earlier run to compare with: regressions beyond --apc-baseline-tolerance fail "
+        "the session",
+        "PATH",
+    ),
+    Spec(
+        "baseline_tolerance",
+        _tolerances,
+        DEFAULT_TOLERANCES,
+        "Allowed regression per metric against the baseline: ttft_on (median TTFT of ON runs may rise), "
+        "speedup (TTFT gain OFF/ON may fall), cached_tokens (may fall); each as N% or an absolute number, "
+        "e.g. ttft_on=10%,speedup=0.5,cached_tokens=0",
+        "METRIC=N[%],...",
+        cpu={"ttft_on": ("%", 50.0), "speedup": ("%", 50.0), "cached_tokens": ("%", 0.0)},
     ),
     Spec("num_prompts", _positive_int, 30, "Prompts per benchmark run", "N"),
     Spec("output_len", _positive_int, 256, "Output tokens per request (before scaling)", "TOKENS"),
@@ -308,7 +359,7 @@ def add_options(parser: pytest.Parser) -> None:
         help="Launch vLLM's CPU build with the generated tiny model, lengths scaled down (same as --apc-profile=cpu)",
     )
     for spec in SPECS:
-        help_text = f"{spec.help}. Env: {spec.env}; ini: {spec.ini}"
+        help_text = f"{spec.help}. Env: {spec.env}; ini: {spec.ini}".replace("%", "%%")  # argparse formats %
         if spec.repeatable:
             group.addoption(spec.option, action="append", dest=spec.ini, metavar=spec.metavar, help=help_text)
             parser.addini(spec.ini, spec.help, type="args")

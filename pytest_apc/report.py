@@ -1,18 +1,30 @@
-"""What people read: the report header, progress lines, the validation table, JUnit properties."""
+"""What people and pipelines read: the report header, progress lines, the validation table, the
+Markdown summary, plots, JUnit properties and the baseline gate. Written once, on the controller."""
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from tabulate import tabulate
 
+import pytest_apc
 from pytest_apc.cases import PAIRS, RunKey
 from pytest_apc.config import Settings, model_path_for_display
 from pytest_apc.session import ApcSession, RunRecord
+from pytest_apc.stats import ratio_of_medians
+
+SCHEMA_PATH = Path(__file__).with_name("results.schema.json")
 
 
 def header_lines(settings: Settings, verbose: bool) -> list[str]:
@@ -40,87 +52,299 @@ def progress_writer(config: pytest.Config, tr: Any) -> Callable[[str], None]:
 
 
 def record_properties(node: pytest.Item, record: RunRecord) -> None:
-    """Key numbers as JUnit properties (CI systems show them) and for the xdist controller."""
+    """Key numbers as JUnit properties (CI systems show them)."""
     row = record.to_json()
-    for name in (
-        "id",
-        "median_ttft_ms",
-        "p99_ttft_ms",
-        "prefix_cache_hits",
-        "prefix_cache_queries",
-        "hit_ratio",
-        "bench_duration_s",
-        "block_size",
-    ):
+    for name in ("id", "median_ttft_ms", "p99_ttft_ms", "prefix_cache_hits", "prefix_cache_queries",
+                 "hit_ratio", "bench_duration_s", "block_size"):  # fmt: skip
         node.user_properties.append((f"apc_{name}", row[name]))
     node.user_properties.append(("apc_server_log", record.server.log))
 
 
-def _fmt(value: Any, spec: str = ",.0f") -> str:
+# -- the validation table ------------------------------------------------------------------------------
+
+
+def _n(value: Any, spec: str = ",.0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _k(value: float | None) -> str:
+    """Compact throughput: 78.2k, 1.3M."""
     if value is None:
         return "-"
-    return format(value, spec)
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.0f}"
 
 
-def validation_rows(apc: ApcSession) -> list[list[Any]]:
-    """One row per ON/OFF pair and concurrency that has both runs measured."""
+@dataclass
+class PairRow:
+    """One ON/OFF pair at one concurrency, with everything the review's validation table asks for."""
+
+    off: RunRecord
+    on: RunRecord
+    verdict: str  # PASS / FAIL / -
+
+    @property
+    def name(self) -> str:
+        algo = f" {self.on.key.hash_algo}" if self.on.key.hash_algo else ""
+        return f"{self.off.key.case}/{self.on.key.case}{algo}"
+
+    def numbers(self, settings: Settings) -> dict[str, Any]:
+        on, off = self.on.to_json(), self.off.to_json()
+        speedup: float | None
+        low: float | None
+        high: float | None
+        try:
+            gain = ratio_of_medians(
+                self.off.samples_ms(), self.on.samples_ms(),
+                samples=settings.bootstrap_samples, confidence=settings.confidence,
+            )  # fmt: skip
+            speedup, low, high = gain.estimate, gain.low, gain.high
+        except ValueError:
+            speedup = low = high = None
+        return {
+            "pair": self.name, "concurrency": self.on.key.concurrency, "hash_algo": self.on.key.hash_algo or None,
+            "cache_hit_observed": bool(on["prefix_cache_hits"]), "cached_tokens": on["prefix_cache_hits"],
+            "expected_cached_tokens": self.on.prediction.expected_hits if self.on.prediction else None,
+            "hit_ratio": on["hit_ratio"], "median_ttft_off_ms": off["median_ttft_ms"],
+            "median_ttft_on_ms": on["median_ttft_ms"], "ttft_speedup": speedup, "ttft_speedup_low": low,
+            "ttft_speedup_high": high,
+            "prefill_bound": self.on.prediction.prefill_bound if self.on.prediction else None,
+            "input_throughput_off": off["input_throughput"], "input_throughput_on": on["input_throughput"],
+            "output_throughput_off": off["output_throughput"], "output_throughput_on": on["output_throughput"],
+            "median_e2el_off_ms": off["median_e2el_ms"], "median_e2el_on_ms": on["median_e2el_ms"],
+            "verdict": self.verdict,
+        }  # fmt: skip
+
+
+def pair_rows(apc: ApcSession) -> list[PairRow]:
+    """Every measured ON run with its OFF partner, in matrix order, with the verdicts' outcome."""
     rows = []
-    for case, concurrency, algo in sorted({(k.case, k.concurrency, k.hash_algo) for k in apc.records}):
-        if case not in PAIRS:
+    for key in sorted(apc.records, key=lambda k: (k.case, k.hash_algo, k.concurrency)):
+        if key.case not in PAIRS:
             continue
-        on = apc.records.get(RunKey(case, concurrency, algo))
-        off = apc.records.get(RunKey(PAIRS[case], concurrency))
-        if on is None or off is None:
+        off = apc.records.get(RunKey(PAIRS[key.case], key.concurrency))
+        if off is None:
             continue
-        on_j, off_j = on.to_json(), off.to_json()
-        hits = on_j["prefix_cache_hits"]
-        expected = on.prediction.expected_hits if on.prediction else None
-        speedup = off_j["median_ttft_ms"] / on_j["median_ttft_ms"] if on_j["median_ttft_ms"] else None
-        bound = on.prediction.prefill_bound if on.prediction else None
-        rows.append([
-            f"{PAIRS[case]}/{case}", concurrency, algo or "-",
-            "yes" if hits else "no",
-            f"{_fmt(hits)} / {_fmt(expected)}",
-            _fmt(on_j["hit_ratio"], ".1%"),
-            _fmt(off_j["median_ttft_ms"], ",.1f"), _fmt(on_j["median_ttft_ms"], ",.1f"),
-            f"{_fmt(speedup, '.2f')}x / {_fmt(bound, '.2f')}x",
-            f"{_fmt(off_j['input_throughput'])} / {_fmt(on_j['input_throughput'])}",
-            f"{_fmt(off_j['output_throughput'])} / {_fmt(on_j['output_throughput'])}",
-            f"{_fmt(off_j['median_e2el_ms'], ',.0f')} / {_fmt(on_j['median_e2el_ms'], ',.0f')}",
-        ])  # fmt: skip
+        ids = {key.id, off.key.id}
+        outcomes = [v["passed"] and v.get("outcome") == "passed" for v in apc.verdicts if ids & set(v["runs"])]
+        verdict = "-" if not outcomes else ("PASS" if all(outcomes) else "FAIL")
+        rows.append(PairRow(off, apc.records[key], verdict))
     return rows
 
 
-TABLE_HEADERS = [
-    "pair", "conc", "hash", "hit?", "cached tok / expected", "hit ratio", "TTFT p50 OFF ms", "TTFT p50 ON ms",
-    "TTFT gain / bound", "in tok/s OFF/ON", "out tok/s OFF/ON", "E2E p50 ms OFF/ON",
-]  # fmt: skip
+def table(apc: ApcSession, verbose: bool = False) -> str:
+    """The validation table; fits 120 columns, -v adds columns."""
+    body = []
+    for row in pair_rows(apc):
+        n = row.numbers(apc.settings)
+        line = [
+            n["pair"], n["concurrency"],
+            "yes" if n["cache_hit_observed"] else ("NO" if n["expected_cached_tokens"] else "no"),
+            f"{_n(n['cached_tokens'])}/{_n(n['expected_cached_tokens'])}", _n(n["hit_ratio"], ".0%"),
+            f"{_n(n['median_ttft_off_ms'], '.4g')}>{_n(n['median_ttft_on_ms'], '.4g')}",
+            f"{_n(n['ttft_speedup'], '.2f')}x/{_n(n['prefill_bound'], '.3g')}x",
+            f"{_k(n['input_throughput_off'])}>{_k(n['input_throughput_on'])}",
+            f"{_k(n['output_throughput_off'])}>{_k(n['output_throughput_on'])}",
+            f"{_n(n['median_e2el_off_ms'], '.4g')}>{_n(n['median_e2el_on_ms'], '.4g')}",
+            n["verdict"],
+        ]  # fmt: skip
+        if verbose:
+            line.insert(7, f"[{_n(n['ttft_speedup_low'], '.2f')},{_n(n['ttft_speedup_high'], '.2f')}]")
+        body.append(line)
+    headers = ["pair", "c", "hit", "cached/expected", "ratio", "TTFT ms", "gain/bound", "in tok/s", "out tok/s",
+               "E2E ms", "verdict"]  # fmt: skip
+    if verbose:
+        headers.insert(7, "gain CI")
+    return tabulate(body, headers=headers, disable_numparse=True)
 
 
-def terminal_summary(tr: Any, apc: ApcSession) -> None:
-    tr.write_sep("=", "apc validation")
+def server_lines(apc: ApcSession) -> list[str]:
+    lines = []
     for info in apc.servers.values():
-        tr.write_line(
-            f"server {info.mode}: block size {info.block_size}, {info.num_gpu_blocks} blocks, "
-            f"KV cache {_fmt(info.kv_cache_size_tokens)} tokens, hash {info.prefix_caching_hash_algo}, "
-            f"vLLM {info.version}, started in {_fmt(info.startup_s, '.0f')} s, launches "
-            f"{apc.launches.get(info.mode, 0)}"
+        tp = next((info.command[i + 1] for i, a in enumerate(info.command[:-1]) if a == "--tensor-parallel-size"), "1")
+        lines.append(
+            f"{info.mode}: vLLM {info.version}, TP {tp}, block size {info.block_size}, "
+            f"{_n(info.num_gpu_blocks)} blocks = {_n(info.kv_cache_size_tokens)} KV tokens, "
+            f"hash {info.prefix_caching_hash_algo}, ready in {_n(info.startup_s, '.0f')} s, "
+            f"launches {apc.launches.get(info.mode, 0)}"
         )
-    rows = validation_rows(apc)
-    if rows:
-        tr.write_line(tabulate(rows, headers=TABLE_HEADERS, disable_numparse=True))
+    return lines
+
+
+def terminal_summary(tr: Any, apc: ApcSession, gate: list[str]) -> None:
+    tr.write_sep("=", "apc validation")
+    model = model_path_for_display(apc.json_model())
+    tr.write_line(f"model {model} ({apc.settings.profile} profile); TTFT OFF>ON; gain = median TTFT OFF/ON")
+    for line in server_lines(apc):
+        tr.write_line(line)
+    if apc.records:
+        tr.write_line(table(apc, verbose=tr.config.get_verbosity() > 0))
     for key, error in sorted(apc.errors.items()):
         tr.write_line(f"NOT MEASURED {key.id}: {error.splitlines()[0]}", red=True)
+    for line in gate:
+        tr.write_line(f"FAIL baseline: {line}", red=True, bold=True)
     tr.write_line(f"results: {apc.json_path}")
 
 
+# -- files ---------------------------------------------------------------------------------------------
+
+
+def environment(apc: ApcSession) -> dict[str, Any]:
+    """Where this ran: versions, devices, commit."""
+
+    def run(*cmd: str) -> str | None:
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out or None
+
+    versions = sorted({info.version for info in apc.servers.values() if info.version})
+    gpus = run("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
+    return {
+        "pytest_apc": pytest_apc.__version__,
+        "vllm": versions[0] if len(versions) == 1 else versions or None,
+        "python": platform.python_version(),
+        "pytest": pytest.__version__,
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "gpus": gpus.splitlines() if gpus else [],
+        "git_commit": run("git", "-C", str(apc.run_dir.parent), "rev-parse", "HEAD"),
+        "argv": sys.argv,
+    }
+
+
+def markdown(apc: ApcSession, gate: list[str]) -> str:
+    lines = ["# APC validation", "", f"Model `{apc.json_model()}`, profile `{apc.settings.profile}`.", ""]
+    lines += [f"- {line}" for line in server_lines(apc)]
+    rows = [[_md_cell(k, v) for k, v in r.numbers(apc.settings).items()] for r in pair_rows(apc)]
+    lines += ["", tabulate(rows, headers=_md_headers(), tablefmt="github", disable_numparse=True), ""]
+    failed = [v for v in apc.verdicts if not v["passed"]]
+    lines.append(f"Verdicts: {len(apc.verdicts) - len(failed)} passed, {len(failed)} failed.")
+    lines += [f"- FAIL `{v['test']}`: {v['message'].splitlines()[0]}" for v in failed]
+    lines += [f"- NOT MEASURED {k.id}: {e.splitlines()[0]}" for k, e in sorted(apc.errors.items())]
+    lines += [f"- FAIL baseline: {line}" for line in gate]
+    return "\n".join(lines) + "\n"
+
+
+def _md_cell(name: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if name == "hit_ratio":
+        return f"{value:.1%}"
+    if isinstance(value, float):
+        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _md_headers() -> list[str]:
+    return ["pair", "conc", "hash", "hit?", "cached tokens", "expected", "hit ratio", "TTFT OFF ms", "TTFT ON ms",
+            "gain", "gain CI low", "gain CI high", "prefill bound", "in tok/s OFF", "in tok/s ON", "out tok/s OFF",
+            "out tok/s ON", "E2E OFF ms", "E2E ON ms", "verdict"]  # fmt: skip
+
+
+def plots(apc: ApcSession) -> list[str]:
+    """PNG plots next to the results file when matplotlib (extra ``plot``) is installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    rows = [r.numbers(apc.settings) for r in pair_rows(apc)]
+    if not rows:
+        return []
+    written = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for pair in sorted({r["pair"] for r in rows}):
+        sub = sorted((r for r in rows if r["pair"] == pair), key=lambda r: r["concurrency"])
+        x = [r["concurrency"] for r in sub]
+        ax.plot(x, [r["median_ttft_off_ms"] for r in sub], "o--", label=f"{pair} OFF")
+        ax.plot(x, [r["median_ttft_on_ms"] for r in sub], "o-", label=f"{pair} ON")
+    ax.set(xscale="log", xlabel="max concurrency", ylabel="median TTFT (ms)", title="Median TTFT, APC ON vs OFF")
+    ax.legend(fontsize=8)
+    path = apc.json_path.with_name("ttft.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(str(path))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    labels = [f"{r['pair']} c{r['concurrency']}" for r in rows]
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["expected_cached_tokens"] or 0 for r in rows], 0.4, label="predicted")
+    ax.bar([x + 0.2 for x in xs], [r["cached_tokens"] or 0 for r in rows], 0.4, label="measured")
+    ax.set_xticks(list(xs), labels, rotation=60, fontsize=7)
+    ax.set(ylabel="cached tokens", title="Cached tokens: measured vs predicted")
+    ax.legend()
+    path = apc.json_path.with_name("cached_tokens.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(str(path))
+    return written
+
+
+# -- the baseline gate -------------------------------------------------------------------------------------
+
+
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 or float(value).is_integer() else f"{value:,.4g}"
+
+
+def compare_baseline(apc: ApcSession, baseline_path: Path) -> list[str]:
+    """Regressions against a stored results file, one message per row and metric."""
+    try:
+        old = json.loads(baseline_path.read_text())
+    except (OSError, ValueError) as err:
+        return [f"cannot read baseline {baseline_path}: {err}"]
+    old_rows = {(r["pair"], r["concurrency"], r.get("hash_algo")): r for r in old.get("pairs", [])}
+    tolerances = apc.settings.baseline_tolerance
+    failures = []
+    for row in (r.numbers(apc.settings) for r in pair_rows(apc)):
+        before = old_rows.get((row["pair"], row["concurrency"], row["hash_algo"]))
+        if before is None:
+            continue
+        name = f"{row['pair']} c{row['concurrency']}"
+        checks = [
+            ("ttft_on", "median TTFT ON (ms)", before["median_ttft_on_ms"], row["median_ttft_on_ms"], +1),
+            ("speedup", "TTFT gain OFF/ON", before["ttft_speedup"], row["ttft_speedup"], -1),
+            ("cached_tokens", "cached tokens", before["cached_tokens"], row["cached_tokens"], -1),
+        ]
+        for metric, label, was, now, direction in checks:
+            if was is None or now is None:
+                continue
+            kind, amount = tolerances[metric]
+            allowed = abs(was) * amount / 100 if kind == "%" else amount
+            worse = (now - was) * direction  # > 0 means a regression
+            if worse > allowed:
+                limit = f"{amount:g}%" if kind == "%" else f"{amount:g}"
+                failures.append(
+                    f"{name}: {label} {_num(was)} -> {_num(now)} regressed by {_num(worse)} (allowed {limit}) "
+                    f"against {baseline_path}"
+                )
+    return failures
+
+
+# -- the controller side -------------------------------------------------------------------------------------
+
+
 class ControllerReporter:
-    """Registered on the controller only (or the single process): gathers verdicts from every report,
-    which is how results cross from xdist workers, and prints the summary once."""
+    """Registered on the controller only (or the single process). Gathers verdicts from every report,
+    which is how results cross from xdist workers; gates the exit code; writes every file once."""
 
     def __init__(self, config: pytest.Config, apc: ApcSession) -> None:
         self.config = config
         self.apc = apc
+        self.gate: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
@@ -130,6 +354,36 @@ class ControllerReporter:
                 for verdict in value:
                     self.apc.verdicts.append({**verdict, "test": report.nodeid, "outcome": report.outcome})
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Any:
+        # The gate must change testsfailed before pytest_sessionfinish computes the exit status.
+        result = yield
         self.apc.load_store()
-        terminal_summary(terminalreporter, self.apc)
+        if self.apc.settings.baseline:
+            self.gate = compare_baseline(self.apc, Path(self.apc.settings.baseline))
+            if self.gate:
+                session.testsfailed += 1
+        return result
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        apc = self.apc
+        apc.load_store()
+        apc.extra_json = {
+            "environment": environment(apc),
+            "pairs": [r.numbers(apc.settings) for r in pair_rows(apc)],
+            "gate": {"baseline": apc.settings.baseline or None, "failures": self.gate},
+        }
+        apc.write_json()
+        text = markdown(apc, self.gate)
+        md_path = Path(apc.settings.markdown) if apc.settings.markdown else apc.json_path.with_name("summary.md")
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(text)
+        if os.environ.get("GITHUB_STEP_SUMMARY"):
+            with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as handle:
+                handle.write(text)
+        apc.extra_json["files"] = {"json": str(apc.json_path), "markdown": str(md_path), "plots": plots(apc)}
+        apc.write_json()
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        terminal_summary(terminalreporter, self.apc, self.gate)

@@ -203,6 +203,7 @@ class ApcSession:
     launches: Counter[str] = field(default_factory=Counter)
     servers: dict[str, ServerInfo] = field(default_factory=dict)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
+    extra_json: dict[str, Any] = field(default_factory=dict)  # environment, pairs, gate, files (controller)
     started_wall: float = field(default_factory=time.monotonic)
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     server_seconds: float = 0.0
@@ -244,8 +245,7 @@ class ApcSession:
                     if mode in self._done_modes:
                         # Not planned at collection: measuring it now would need a second launch.
                         raise MeasurementError(
-                            f"run {key.id} was not planned at collection and its {mode.name} server is already "
-                            "stopped"
+                            f"run {key.id} was not planned at collection and its {mode.name} server is already stopped"
                         )
                     self._measure_mode(mode)
                     self._save_store()
@@ -494,13 +494,14 @@ class ApcSession:
             "schema_version": SCHEMA_VERSION,
             "started_at": self.started_at,
             "profile": self.settings.profile,
-            "model": self._model or self.settings.model,
+            "model": self.json_model(),
             "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.settings.values.items()},
             "server_launches": dict(self.launches),
             "servers": [info.__dict__ for info in self.servers.values()],
             "runs": [r.to_json() for r in records],
             "errors": {k.id: v for k, v in sorted(self.errors.items())},
             "verdicts": self.verdicts,
+            **self.extra_json,
             "timing": {
                 "suite_elapsed_s": round(elapsed, 3),
                 "server_lifecycle_s": round(self.server_seconds, 3),
@@ -514,6 +515,9 @@ class ApcSession:
                 else None,
             },
         }
+
+    def json_model(self) -> str:
+        return self._model or self.settings.model or "generated tiny model"
 
     def write_json(self) -> None:
         self.json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -119,15 +119,68 @@ def test_results_file_has_what_the_issue_lists(full_run) -> None:
     assert data["timing"]["suite_elapsed_s"] > data["timing"]["server_lifecycle_s"] > 0
 
 
-def test_subset_starts_only_what_it_needs(tmp_path) -> None:
+def test_results_are_schema_valid_and_files_agree(full_run) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    from pytest_apc.report import SCHEMA_PATH
+
+    _, data = full_run
+    jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))
+    assert data["environment"]["vllm"] == "0.32.0"
+    markdown = Path(data["files"]["markdown"]).read_text()
+    for pair in data["pairs"]:
+        assert f"{pair['cached_tokens']:,}" in markdown
+        assert pair["verdict"] == "PASS"
+    for plot in data["files"]["plots"]:
+        assert Path(plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data["files"]["plots"]) == 2
+
+
+def test_subset_starts_only_what_it_needs_and_passes_its_baseline(full_run, tmp_path) -> None:
+    """-m selects C/D only; compared with the full run as baseline it passes (cached tokens exact, timing
+    tolerances wide on a shared 2-core machine)."""
     from tests.conftest import InnerRun
 
-    args = [str(TESTS_APC), "-m", "pure and not sweep", "--cpu-node", f"--apc-results-dir={tmp_path}/apc-results"]
+    baseline = Path(full_run[1]["files"]["json"])
+    args = [
+        str(TESTS_APC),
+        "-m",
+        "pure and not sweep",
+        "--cpu-node",
+        f"--apc-results-dir={tmp_path}/apc-results",
+        f"--apc-baseline={baseline}",
+        "--apc-baseline-tolerance=ttft_on=300%,speedup=80%,cached_tokens=0",
+    ]
     inner = InnerRun(args, tmp_path, timeout=900).wait()
     assert inner.ret == 0, inner.output[-5000:]
     data = results(tmp_path)
     assert data["server_launches"] == {"apc-off": 1, "apc-on": 1}
     assert {r["case"] for r in data["runs"]} == {"C", "D"}
+    assert data["gate"] == {"baseline": str(baseline), "failures": []}
+    assert not inner.leftovers()
+
+
+def test_xdist_one_table_one_file_and_the_gate(full_run, tmp_path) -> None:
+    """Under -n 2: one server per mode, one table, one JSON with all runs; a doctored baseline fails the
+    session although every test passed."""
+    from tests.conftest import InnerRun
+
+    doctored = json.loads(Path(full_run[1]["files"]["json"]).read_text())
+    for pair in doctored["pairs"]:
+        pair["cached_tokens"] *= 2
+    baseline = tmp_path / "doctored.json"
+    baseline.write_text(json.dumps(doctored))
+    args = [str(TESTS_APC), "-n", "2", "-m", "pure and not sweep", "--cpu-node",
+            f"--apc-results-dir={tmp_path}/apc-results", f"--apc-baseline={baseline}"]  # fmt: skip
+    inner = InnerRun(args, tmp_path, timeout=900).wait()
+    assert inner.ret == 1, inner.output[-5000:]
+    assert "5 passed" in inner.output
+    assert inner.output.count("apc validation") == 1
+    assert "FAIL baseline: C/D c8: cached tokens 118,784 -> 59,392 regressed by 59,392 (allowed 0%)" in inner.output
+    data = results(tmp_path)
+    assert data["server_launches"] == {"apc-off": 1, "apc-on": 1}
+    assert {r["id"] for r in data["runs"]} == {"C-c8", "D-c8"}
+    assert len(data["verdicts"]) == 6
+    assert data["gate"]["failures"]
     assert not inner.leftovers()
 
 
