@@ -92,9 +92,10 @@ def bench_args(
     ]  # fmt: skip
 
 
-def reproduce_command(argv: list[str]) -> str:
+def reproduce_command(argv: list[str], api_key: bool = False) -> str:
     """The one-shot command that runs exactly this benchmark, plus its ``vllm bench serve`` spelling."""
-    return (
+    prefix = "OPENAI_API_KEY=<your key> " if api_key else ""
+    return prefix + (
         f"{shlex.join([sys.executable, '-m', 'pytest_apc.bench', *argv])}\n"
         f"  (equivalent: {shlex.join(['vllm', 'bench', 'serve', *argv])})"
     )
@@ -160,7 +161,7 @@ class BenchRunner:
             self.proc = self._start()
 
     def run(self, argv: list[str], result_path: Path, num_prompts: int, log_path: Path, timeout: float) -> BenchOutcome:
-        command = reproduce_command(argv)
+        command = reproduce_command(argv, api_key="OPENAI_API_KEY" in self.env)
         started = time.monotonic()
         self.prewarm()
         assert self.proc is not None

@@ -117,6 +117,33 @@ def _str(text: str) -> str:
     return text
 
 
+def _url(text: str) -> str:
+    if text and not text.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    return text.rstrip("/")
+
+
+def _cases(text: str) -> str:
+    text = text.replace(",", "").replace(" ", "").upper()
+    if not text or any(c not in "CDEF" for c in text):
+        raise ValueError("must be letters from CDEF")
+    return "".join(sorted(set(text)))
+
+
+def _model_shape(text: str) -> str:
+    from pytest_apc.tinymodel import SHAPES
+
+    if text and text not in SHAPES:
+        raise ValueError(f"must be one of {', '.join(SHAPES)}")
+    return text
+
+
+def _kv_check(text: str) -> str:
+    if text not in ("warn", "fail"):
+        raise ValueError("must be warn or fail")
+    return text
+
+
 def _args(text: str) -> tuple[str, ...]:
     return tuple(shlex.split(text))
 
@@ -166,6 +193,15 @@ SPECS: tuple[Spec, ...] = (
         "PATH",
         cpu="",
     ),
+    Spec(
+        "model_shape",
+        _model_shape,
+        "",
+        "Serve a known architecture shape with random weights instead of a model (llama-3.1-8b, "
+        "llama-3.1-70b): a generated config and tokenizer, vLLM's --load-format dummy. For validating a node or "
+        "a vLLM build before weights are staged; answers are noise, APC and timing are real",
+        "SHAPE",
+    ),
     Spec("tokenizer", _str, "", "Tokenizer for the benchmark client. Default: the model", "PATH"),
     Spec("served_model_name", _str, "apc-model", "Model name the servers expose and the benchmark requests", "NAME"),
     Spec(
@@ -191,6 +227,39 @@ SPECS: tuple[Spec, ...] = (
         ("{python}", "-m", "vllm.entrypoints.openai.api_server"),
         "Command that starts one vLLM OpenAI server; {python} is this interpreter",
         "CMD",
+    ),
+    Spec(
+        "launcher",
+        _args,
+        (),
+        "Command prefix for launching servers (a container runtime, srun, a wrapper script), e.g. "
+        "'srun --ntasks=1 --'; the server command follows it",
+        "CMD",
+    ),
+    Spec(
+        "url_on",
+        _url,
+        "",
+        "Validate an APC-on server running elsewhere instead of launching one (readiness and the mode check "
+        "still apply; the plugin never stops it; it needs VLLM_SERVER_DEV_MODE=1 for cache resets)",
+        "URL",
+    ),
+    Spec("url_off", _url, "", "Validate an APC-off server running elsewhere instead of launching one", "URL"),
+    Spec(
+        "api_key",
+        _str,
+        "",
+        "API key: passed as --api-key to launched servers and as a bearer token to every request; redacted "
+        "from logs, reports and the results file",
+        "KEY",
+    ),
+    Spec(
+        "kv_check",
+        _kv_check,
+        "warn",
+        "When concurrency x prompt blocks exceeds the server's KV-cache blocks: warn (a warning and a line in "
+        "the results) or fail (the affected runs fail before measuring)",
+        "warn|fail",
     ),
     Spec("host", _str, "127.0.0.1", "Address the launched servers bind to and the benchmark connects to", "ADDR"),
     Spec("startup_timeout", _positive_float, 1800.0, "Seconds a server may take to become ready", "SECONDS", cpu=600.0),
@@ -248,6 +317,13 @@ SPECS: tuple[Spec, ...] = (
     Spec("output_len", _positive_int, 256, "Output tokens per request (before scaling)", "TOKENS"),
     Spec("concurrency", _positive_int, 8, "Default --max-concurrency of the six cases", "N"),
     Spec("sweep_concurrency", _int_list, (1, 2, 4, 8), "Concurrency levels of the sweep over cases C-F", "N,N,..."),
+    Spec(
+        "sweep_cases",
+        _cases,
+        "CDEF",
+        "Cases the concurrency sweep covers (a subset of CDEF, e.g. CD when GPU time is short)",
+        "CASES",
+    ),
     Spec("prefix_len", _positive_int, 32768, "Shared prefix of the pure cases C/D (before scaling)", "TOKENS"),
     Spec("suffix_len", _positive_int, 1024, "Unique suffix of the pure cases C/D (before scaling)", "TOKENS"),
     Spec("rag_prefix_len", _positive_int, 32000, "Shared prefix of the agent/RAG cases E/F (before scaling)", "TOKENS"),
@@ -410,7 +486,7 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
         values[spec.name] = profile_default if profile_default is not None else spec.default
         sources[spec.name] = f"{profile} profile default" if profile_default is not None else "default"
     values["profile"] = profile
-    if profile == "gpu" and not values["model"]:
+    if profile == "gpu" and not values["model"] and not values["model_shape"]:
         if env.get("MODEL_70B"):
             values["model"] = env["MODEL_70B"]
             sources["model"] = "environment variable MODEL_70B"

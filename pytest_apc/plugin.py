@@ -15,13 +15,13 @@ from collections.abc import Callable, Generator
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
 from pytest_apc import config as apc_config
-from pytest_apc import procs, report
-from pytest_apc.cases import RunKey
+from pytest_apc import procs, redaction, report
+from pytest_apc.cases import CASE_APC, RunKey
 from pytest_apc.session import ApcSession, RunRecord
 from pytest_apc.verdict import Pair, Verdict
 
@@ -29,6 +29,7 @@ SETTINGS_KEY = pytest.StashKey[apc_config.Settings]()
 SESSION_KEY = pytest.StashKey[ApcSession]()
 SIGTERM_KEY = pytest.StashKey[Any]()
 VERDICTS_KEY = pytest.StashKey[list[Verdict]]()
+NODE_LOCK_KEY = pytest.StashKey[IO[str]]()
 
 SKIP_REASON = (
     "APC tests need servers: pass --gpu-node (vLLM on this node's GPUs with --apc-model or $MODEL_70B) "
@@ -40,8 +41,9 @@ MARKERS = (
     "pure: cases C/D, a shared prefix and a short unique suffix (the pure APC effect)",
     "rag: cases E/F, a shared prefix and an equally long unique suffix (agent/RAG)",
     "sweep: the concurrency sweep over cases C-F",
-    "apc_cases(cases, sweep=False): parametrize apc_run / apc_pair over these cases (e.g. 'CD') at the "
-    "default concurrency, or over --apc-sweep-concurrency",
+    "apc_cases(cases, sweep=False, hash_algos=False): parametrize apc_run / apc_pair over these cases "
+    "(e.g. 'CD') at the default concurrency, over --apc-sweep-concurrency (sweep), or per --apc-hash-algos",
+    "hash_algo: the comparison of prefix-caching hash algorithms (--apc-hash-algos)",
 )
 
 
@@ -78,6 +80,12 @@ def pytest_configure(config: pytest.Config) -> None:
         if previous in (signal.SIG_DFL, None):
             config.stash[SIGTERM_KEY] = previous
             signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    redaction.register(settings.api_key)
+    if settings.profile == "gpu" and not _is_worker(config) and not (settings.url_on and settings.url_off):
+        try:
+            config.stash[NODE_LOCK_KEY] = procs.acquire_node_lock()
+        except RuntimeError as err:
+            raise pytest.UsageError(str(err)) from None
     if settings.enabled:
         config.stash[SESSION_KEY] = apc = _new_session(config, settings)
         if not _is_worker(config):
@@ -131,9 +139,33 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     fixture = "apc_pair" if "apc_pair" in metafunc.fixturenames else "apc_run"
     settings = metafunc.config.stash[SETTINGS_KEY]
-    cases = marker.args[0]
+    cases = marker.args[0] if marker.args else ""
+    unknown = [c for c in cases if c not in CASE_APC]
+    if not cases or unknown:
+        raise ValueError(
+            f"apc_cases({cases!r}) on {metafunc.definition.nodeid}: unknown case {''.join(unknown) or '(none)'}; "
+            "cases are A-F, e.g. @pytest.mark.apc_cases('CD')"
+        )
     levels = settings.sweep_concurrency if marker.kwargs.get("sweep") else (settings.concurrency,)
-    algos = ("", *(a for a in settings.hash_algos if a)) if marker.kwargs.get("hash_algos") else ("",)
+    if marker.kwargs.get("sweep"):
+        cases = "".join(c for c in cases if c in settings.sweep_cases) or cases
+        if not any(c in settings.sweep_cases for c in marker.args[0]):
+            skip = pytest.mark.skip(
+                reason=f"cases {marker.args[0]} are not in --apc-sweep-cases {settings.sweep_cases}"
+            )
+            metafunc.parametrize(fixture, [pytest.param(RunKey(cases[0], levels[0]).id, marks=skip)],
+                                 indirect=True, ids=["not-swept"])  # fmt: skip
+            return
+    if marker.kwargs.get("hash_algos"):
+        # Only the listed algorithms (the default's runs are what they are compared with).
+        if not settings.hash_algos:
+            skip = pytest.mark.skip(reason="no --apc-hash-algos given: nothing to compare with the default")
+            metafunc.parametrize(fixture, [pytest.param(RunKey(cases[0], levels[0]).id, marks=skip)],
+                                 indirect=True, ids=["no-hash-algos"])  # fmt: skip
+            return
+        algos: tuple[str, ...] = tuple(settings.hash_algos)
+    else:
+        algos = ("",)
     ids = [RunKey(case, c, algo).id for case in cases for c in levels for algo in algos]
     metafunc.parametrize(fixture, ids, indirect=True, ids=ids)
 
@@ -166,8 +198,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if session is None:
             item.add_marker(skip)
-        else:
+        elif item.get_closest_marker("skip") is None:
             session.plan(_keys_of(item))
+            if "apc_default_run" in getattr(item, "fixturenames", ()):
+                session.plan([RunKey(k.case, k.concurrency) for k in _keys_of(item)])
 
 
 @pytest.fixture(scope="session")
@@ -191,6 +225,12 @@ def apc_run(request: pytest.FixtureRequest, apc_session: ApcSession) -> RunRecor
     record = apc_session.get(RunKey.parse(request.param))
     report.record_properties(request.node, record)
     return record
+
+
+@pytest.fixture
+def apc_default_run(apc_run: RunRecord, apc_session: ApcSession) -> RunRecord:
+    """For a run with a hash algorithm (``D-c8-xxhash``): the same case on the default APC-on server."""
+    return apc_session.get(RunKey(apc_run.key.case, apc_run.key.concurrency))
 
 
 @pytest.fixture
@@ -238,5 +278,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         apc.close()
     if not _is_worker(config):
         procs.reap()
+    if NODE_LOCK_KEY in config.stash:
+        config.stash[NODE_LOCK_KEY].close()
     if SIGTERM_KEY in config.stash and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, config.stash[SIGTERM_KEY] or signal.SIG_DFL)

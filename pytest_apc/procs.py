@@ -20,6 +20,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -145,3 +146,32 @@ def reap(tag: str | None = None) -> list[int]:
 def leftovers(tag: str) -> list[psutil.Process]:
     """Live processes tagged with ``tag`` (for tests: must be empty after a run)."""
     return _alive(_tagged(tag))
+
+
+NODE_LOCK = Path(tempfile.gettempdir()) / "pytest-apc-gpu-node.lock"
+
+
+def acquire_node_lock(path: Path = NODE_LOCK) -> IO[str]:
+    """Hold this node's GPUs for one pytest run: two runs would start two 70B servers on the same GPUs.
+
+    Raises RuntimeError naming the run that holds the lock. The lock is released when the handle is
+    closed, or by the kernel when the holder dies.
+    """
+    import fcntl
+
+    handle = path.open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise RuntimeError(
+            f"another pytest-apc run holds this node's GPUs ({holder}; lock {path}): wait for it to finish, "
+            "or validate servers that run elsewhere with --apc-url-on/--apc-url-off"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}, command {' '.join(sys.argv)}")
+    handle.flush()
+    return handle

@@ -21,6 +21,7 @@ from tabulate import tabulate
 import pytest_apc
 from pytest_apc.cases import PAIRS, RunKey
 from pytest_apc.config import Settings, model_path_for_display
+from pytest_apc.redaction import redact
 from pytest_apc.session import ApcSession, RunRecord
 from pytest_apc.stats import ratio_of_medians
 
@@ -35,7 +36,9 @@ def header_lines(settings: Settings, verbose: bool) -> list[str]:
         f"sweep={','.join(map(str, settings.sweep_concurrency))} length_scale={settings.length_scale:g}"
     ]
     if verbose:
-        lines += [f"apc: {name}={value!r} ({settings.sources.get(name)})" for name, value in settings.values.items()]
+        lines += [
+            redact(f"apc: {name}={value!r} ({settings.sources.get(name)})") for name, value in settings.values.items()
+        ]
     return lines
 
 
@@ -375,7 +378,7 @@ class ControllerReporter:
             "gate": {"baseline": apc.settings.baseline or None, "failures": self.gate},
         }
         apc.write_json()
-        text = markdown(apc, self.gate)
+        text = redact(markdown(apc, self.gate))
         md_path = Path(apc.settings.markdown) if apc.settings.markdown else apc.json_path.with_name("summary.md")
         md_path.parent.mkdir(parents=True, exist_ok=True)
         md_path.write_text(text)

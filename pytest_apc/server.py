@@ -24,6 +24,7 @@ from typing import Any
 import requests
 
 from pytest_apc import metrics, procs
+from pytest_apc.redaction import redact, redact_argv
 
 # "CPU KV cache size: 4,194,304 tokens, ..." / "GPU KV cache size: ..." (VLLM-FACTS.md section 4)
 KV_CACHE_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens.*")
@@ -85,9 +86,11 @@ def build_command(
     max_model_len: int,
     tensor_parallel_size: int,
     extra: Sequence[str],
+    launcher: Sequence[str] = (),
+    api_key: str = "",
 ) -> list[str]:
-    """The server command line: the plugin's flags first, the user's ``--apc-server-arg`` last."""
-    argv = [part.replace("{python}", sys.executable) for part in base]
+    """The server command line: launcher, server, the plugin's flags, the user's ``--apc-server-arg`` last."""
+    argv = [part.replace("{python}", sys.executable) for part in (*launcher, *base)]
     argv += ["--model", model, "--served-model-name", served_model_name, "--host", host, "--port", str(port)]
     argv += ["--max-model-len", str(max_model_len), "--seed", "0"]
     if tensor_parallel_size > 1:
@@ -95,6 +98,8 @@ def build_command(
     argv += ["--enable-prefix-caching" if mode.apc else "--no-enable-prefix-caching"]
     if mode.hash_algo:
         argv += ["--prefix-caching-hash-algo", mode.hash_algo]
+    if api_key:
+        argv += ["--api-key", api_key]
     return argv + list(extra)
 
 
@@ -105,7 +110,7 @@ def tail(path: Path, lines: int = 40) -> str:
     except OSError as err:
         return f"<no log: {err}>"
     text = data[-200_000:].decode("utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
+    return redact("\n".join(text.splitlines()[-lines:]))
 
 
 class VllmServer:
@@ -123,8 +128,11 @@ class VllmServer:
         startup_timeout: float,
         stop_timeout: float,
         on_progress: Callable[[str], None] | None = None,
+        external_url: str = "",
+        api_key: str = "",
     ) -> None:
         self.mode = mode
+        self.external_url = external_url
         self.host = host
         self.served_model_name = served_model_name
         self._command_for_port = command_for_port
@@ -136,35 +144,58 @@ class VllmServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.info = ServerInfo(mode=mode.name, command=[], url="", log=str(log_path))
-        self.http = requests.Session()
-        self.gpu_baseline = gpu_memory_used_mib()  # to wait for its release after stop
+        self.api_key = api_key
+        self.http = self._session()
+        self.gpu_baseline = None if external_url else gpu_memory_used_mib()  # to wait for its release
+
+    def _session(self) -> requests.Session:
+        http = requests.Session()
+        if self.api_key:
+            http.headers["Authorization"] = f"Bearer {self.api_key}"
+        return http
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return self.external_url or f"http://{self.host}:{self.port}"
 
     @property
     def command_line(self) -> str:
         return shlex.join(self.info.command)
 
     def alive(self) -> bool:
+        if self.external_url:
+            with contextlib.suppress(requests.RequestException):
+                return self.http.get(f"{self.url}/health", timeout=10).status_code == 200
+            return False
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> ServerInfo:
-        """Launch and wait until ready; retries once on a port taken between choosing and binding it."""
+        """Launch and wait until ready; retries on a port taken between choosing and binding it.
+
+        An external server (``--apc-url-on/off``) is not launched: only its readiness is checked.
+        """
         started = time.monotonic()
+        if self.external_url:
+            self.info.command = ["(external)", self.external_url]
+            self.info.url = self.url
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log_path.write_text(f"external server {self.url}: its log is wherever it runs\n")
+            self._wait_ready(started)
+            self.info.startup_s = round(time.monotonic() - started, 3)
+            return self.info
         for attempt in range(3):
             self.port = free_port(self.host)
-            self.info.command = self._command_for_port(self.port)
+            argv = self._command_for_port(self.port)
+            self.info.command = redact_argv(argv)
             self.info.url = self.url
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("ab") as log:
                 log.write(f"\n===== pytest-apc: {self.command_line}\n".encode())
                 log.flush()
                 try:
-                    self.proc = procs.spawn(self.info.command, self.env, log)
+                    self.proc = procs.spawn(argv, self.env, log)
                 except OSError as err:
                     raise ServerError(
                         f"{self.mode.name} server could not be executed: {err}\ncommand: {self.command_line}"
@@ -193,8 +224,7 @@ class VllmServer:
         waiting_for = "the process to listen (/health)"
         last_note = 0.0
         while True:
-            assert self.proc is not None
-            code = self.proc.poll()
+            code = self.proc.poll() if self.proc is not None else None
             if code is not None:
                 raise self._failure(f"exited with code {code} while starting (waiting for {waiting_for})")
             if time.monotonic() > deadline:
@@ -271,17 +301,19 @@ class VllmServer:
         return None if not found else f"{found[-1][0]} KV cache size: {found[-1][1]} tokens"
 
     def stop(self) -> None:
-        """SIGTERM the whole process group, wait, SIGKILL; always safe to call."""
+        """SIGTERM the whole process group, wait, SIGKILL; always safe to call. External: nothing to stop."""
         if self.proc is not None:
             procs.stop(self.proc, self.stop_timeout)
             self.proc = None
         self.http.close()
-        self.http = requests.Session()
+        self.http = self._session()
 
     # -- what a measurement needs -------------------------------------------------------------------------
 
     def check_alive(self, doing: str) -> None:
         if not self.alive():
+            if self.external_url:
+                raise self._failure(f"(external, {self.url}) does not answer /health {doing}")
             code = self.proc.poll() if self.proc else None
             raise self._failure(f"is not running (exit code {code}) {doing}")
 

@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import pickle
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -31,6 +32,7 @@ from pytest_apc import metrics
 from pytest_apc.bench import BenchError, BenchRunner, bench_args
 from pytest_apc.cases import CASE_FAMILY, FAMILIES, Prediction, RunKey, Workload, predict, workload_for
 from pytest_apc.config import Settings
+from pytest_apc.redaction import redact
 from pytest_apc.server import (
     ServerError,
     ServerInfo,
@@ -204,6 +206,7 @@ class ApcSession:
     servers: dict[str, ServerInfo] = field(default_factory=dict)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     extra_json: dict[str, Any] = field(default_factory=dict)  # environment, pairs, gate, files (controller)
+    warnings: list[str] = field(default_factory=list)
     started_wall: float = field(default_factory=time.monotonic)
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     server_seconds: float = 0.0
@@ -278,6 +281,7 @@ class ApcSession:
             "done_modes": self._done_modes,
             "server_seconds": self.server_seconds,
             "model": self._model,
+            "warnings": self.warnings,
         }
         tmp = self._store_path.with_suffix(".tmp")
         tmp.write_bytes(pickle.dumps(state))
@@ -294,13 +298,18 @@ class ApcSession:
         self.servers.update(state["servers"])
         self._done_modes |= state["done_modes"]
         self.server_seconds = state["server_seconds"]
+        self.warnings = list(dict.fromkeys(self.warnings + state["warnings"]))
         self._model = self._model or state["model"]
 
     # -- servers -----------------------------------------------------------------------------------------
 
     def model(self) -> str:
         if self._model is None:
-            if self.settings.profile == "cpu" and not self.settings.model:
+            if self.settings.model_shape:
+                from pytest_apc.tinymodel import ensure_shape_model
+
+                self._model = str(ensure_shape_model(self.settings.model_shape))
+            elif self.settings.profile == "cpu" and not self.settings.model:
                 from pytest_apc.tinymodel import ensure_tiny_model
 
                 self.progress("generating the tiny CPU model (cached after the first run)")
@@ -334,7 +343,9 @@ class ApcSession:
                 mode=mode,
                 max_model_len=self.max_model_len(),
                 tensor_parallel_size=self.tensor_parallel_size(),
-                extra=s.server_arg,
+                extra=(("--load-format", "dummy") if s.model_shape else ()) + tuple(s.server_arg),
+                launcher=s.launcher,
+                api_key=s.api_key,
             )
 
         return VllmServer(
@@ -347,7 +358,15 @@ class ApcSession:
             startup_timeout=s.startup_timeout,
             stop_timeout=s.stop_timeout,
             on_progress=self.progress,
+            external_url=self.external_url(mode),
+            api_key=s.api_key,
         )
+
+    def external_url(self, mode: ServerMode) -> str:
+        """The URL of a server run elsewhere for this mode, or "" to launch one."""
+        if mode.hash_algo:
+            return ""
+        return str(self.settings.url_on if mode.apc else self.settings.url_off)
 
     def _stop_active(self) -> None:
         if self._active is not None:
@@ -362,12 +381,23 @@ class ApcSession:
         keys = sorted(k for k in self.planned if ServerMode(k.apc, k.hash_algo) == mode)
         self._done_modes.add(mode)
         self._stop_active()
+        missing = self._missing_hash_package(mode)
+        if missing:
+            for key in keys:
+                self.errors[key] = missing
+            return
         server = self._new_server(mode)
-        self.launches[mode.name] += 1
-        self.progress(f"{mode.name}: launching ({len(keys)} runs planned)")
+        if server.external_url:
+            self.progress(f"{mode.name}: using the external server {server.external_url}")
+        else:
+            self.launches[mode.name] += 1
+            self.progress(f"{mode.name}: launching ({len(keys)} runs planned)")
         t0 = time.monotonic()
         if self._bench is None:
-            self._bench = BenchRunner(self.run_dir / "bench-worker")
+            env = dict(os.environ)
+            if self.settings.api_key:
+                env["OPENAI_API_KEY"] = self.settings.api_key  # vLLM's bench sends it as a bearer token
+            self._bench = BenchRunner(self.run_dir / "bench-worker", env)
         self._bench.prewarm()  # vLLM's import overlaps the server start-up
         try:
             info = server.start()
@@ -391,6 +421,7 @@ class ApcSession:
             f"{mode.name}: ready in {info.startup_s:.0f} s; block size {info.block_size}, "
             f"{info.kv_cache_line or 'KV cache size line not seen'}"
         )
+        keys = self._check_kv_capacity(keys, info)
         self.write_json()
         first_failure: str | None = None
         try:
@@ -421,6 +452,46 @@ class ApcSession:
             self._stop_active()
             self.server_seconds += time.monotonic() - t2
             self.write_json()
+
+    def _missing_hash_package(self, mode: ServerMode) -> str | None:
+        """xxhash algorithms need the xxhash package where the server runs: say so before a crash log does."""
+        if not mode.hash_algo.startswith("xxhash") or self.settings.launcher:
+            return None
+        if "{python}" not in self.settings.server_command:
+            return None  # another interpreter: its startup error will say it
+        import importlib.util
+
+        if importlib.util.find_spec("xxhash") is None:
+            return (
+                f"the {mode.name} server needs the Python package 'xxhash' for --prefix-caching-hash-algo "
+                f"{mode.hash_algo}, and it is not installed in {sys.executable}: pip install xxhash"
+            )
+        return None
+
+    def _check_kv_capacity(self, keys: list[RunKey], info: ServerInfo) -> list[RunKey]:
+        """Warn (or fail the runs) when concurrency x prompt blocks exceeds the server's KV-cache blocks."""
+        if not info.block_size or not info.num_gpu_blocks:
+            return keys
+        kept = []
+        for key in keys:
+            w = self.workload(key.family)
+            tokens = w.prompt_len + w.output_len + (info.chat_header_tokens or 0)
+            blocks = key.concurrency * -(-tokens // info.block_size)
+            if blocks <= info.num_gpu_blocks:
+                kept.append(key)
+                continue
+            message = (
+                f"run {key.id}: concurrency {key.concurrency} x {-(-tokens // info.block_size)} blocks per request "
+                f"= {blocks} KV-cache blocks, more than the {info.mode} server's {info.num_gpu_blocks} "
+                f"(block size {info.block_size}): expect preemptions and evicted prefix blocks"
+            )
+            self.warnings.append(message)
+            self.progress(f"WARNING {message}")
+            if self.settings.kv_check == "fail":
+                self.errors[key] = message + " (--apc-kv-check=fail: not measured)"
+            else:
+                kept.append(key)
+        return kept
 
     def _measure(self, key: RunKey, server: VllmServer) -> RunRecord:
         started = time.monotonic()
@@ -500,6 +571,7 @@ class ApcSession:
             "servers": [info.__dict__ for info in self.servers.values()],
             "runs": [r.to_json() for r in records],
             "errors": {k.id: v for k, v in sorted(self.errors.items())},
+            "warnings": self.warnings,
             "verdicts": self.verdicts,
             **self.extra_json,
             "timing": {
@@ -522,7 +594,7 @@ class ApcSession:
     def write_json(self) -> None:
         self.json_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.json_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2, default=str))
+        tmp.write_text(redact(json.dumps(self.to_json(), indent=2, default=str)))
         os.replace(tmp, self.json_path)
 
     def close(self) -> None:

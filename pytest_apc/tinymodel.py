@@ -54,6 +54,24 @@ MODEL_CONFIG: dict[str, Any] = {
 }
 
 
+# Architecture shapes for nodes without weights: served with --load-format dummy (random weights), the
+# generated tokenizer, and timing, KV-cache size and APC behaviour of the real architecture.
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama-3.1-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8},
+    "llama-3.1-70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                      "num_attention_heads": 64, "num_key_value_heads": 8},
+}  # fmt: skip
+LLAMA_31_COMMON: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "head_dim": 128, "hidden_act": "silu",
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "vocab_size": VOCAB_SIZE, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "attention_bias": False, "mlp_bias": False,
+}  # fmt: skip
+
+
 def default_cache_dir() -> Path:
     """Where generated models live: ``$PYTEST_APC_CACHE_DIR``, else ``$XDG_CACHE_HOME/pytest-apc``."""
     env = os.environ.get("PYTEST_APC_CACHE_DIR")
@@ -151,5 +169,36 @@ def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
     return target
 
 
+def ensure_shape_model(shape: str, cache_dir: Path | None = None) -> Path:
+    """A config-only model of a known architecture shape with the generated tokenizer (no weights).
+
+    Serve it with ``--load-format dummy``. Only the tokenizer is trained here; nothing heavy is written.
+    """
+    if shape not in SHAPES:
+        raise ValueError(f"unknown model shape {shape!r} (known: {', '.join(SHAPES)})")
+    tiny = ensure_tiny_model(cache_dir)
+    root = (cache_dir or default_cache_dir()) / "models"
+    target = root / f"{shape}-shape-v{TINY_MODEL_VERSION}-{_spec_digest()}"
+    if (target / "config.json").is_file():
+        return target
+    staging = Path(tempfile.mkdtemp(prefix=".shape-", dir=root))
+    try:
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            if (tiny / name).is_file():
+                shutil.copy(tiny / name, staging / name)
+        config = {**LLAMA_31_COMMON, **SHAPES[shape]}
+        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 if __name__ == "__main__":  # pragma: no cover - convenience for people
-    print(ensure_tiny_model())
+    import sys
+
+    print(ensure_shape_model(sys.argv[1]) if len(sys.argv) > 1 else ensure_tiny_model())

@@ -254,6 +254,46 @@ def rag_effect(pair: Pair) -> Verdict:
     return not_slower(pair)
 
 
+def same_as_default(run: RunRecord, default: RunRecord, settings: Settings) -> Verdict:
+    """A hash algorithm changes how blocks are named, not which: identical hits, timing within tolerance."""
+    (_, d_algo), (_, d_default) = run.require_counters()[0], default.require_counters()[0]
+    hits, base = d_algo.prefix_cache_hits, d_default.prefix_cache_hits
+    problems = []
+    if hits != base:
+        problems.append(f"cached tokens {hits:,} differ from the default's {base:,}")
+    slowdown = ratio_of_medians(
+        run.samples_ms(), default.samples_ms(), samples=settings.bootstrap_samples, confidence=settings.confidence
+    )
+    tol = settings.overhead_tolerance
+    if slowdown.low > 1 + tol:
+        problems.append(
+            f"median TTFT is slower than the default by at least {slowdown.low - 1:.0%} (tolerance {tol:.0%})"
+        )
+    throughput = run.duration_s / default.duration_s if default.duration_s else float("inf")
+    if throughput > 1 + tol:
+        problems.append(f"the run took {throughput - 1:.0%} longer than with the default (tolerance {tol:.0%})")
+    algo = run.key.hash_algo
+    message = (
+        f"{run.key.id} vs {default.key.id} ({algo} vs {default.server.prefix_caching_hash_algo}): cached tokens "
+        f"{hits:,} vs {base:,}; median TTFT {run.median_ms():,.1f} vs {default.median_ms():,.1f} ms "
+        f"(ratio {slowdown}); duration {run.duration_s:.2f} vs {default.duration_s:.2f} s"
+    )
+    message += "".join(f"\n- {p}" for p in problems)
+    return Verdict(
+        "same_as_default",
+        [default.key.id, run.key.id],
+        not problems,
+        message,
+        {
+            "hits": hits,
+            "default_hits": base,
+            "ttft_ratio": slowdown.estimate,
+            "ttft_ratio_low": slowdown.low,
+            "duration_ratio": throughput,
+        },
+    )
+
+
 def diagnose_no_gain(pair: Pair) -> str:
     """Why an ON run is not faster: first whether the cache hit at all, then what else eats the gain."""
     p = pair.on.prediction

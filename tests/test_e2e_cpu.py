@@ -197,3 +197,21 @@ def test_off_server_that_is_not_off_is_refused(tmp_path) -> None:
     assert "does not run in the mode it was started for" in inner.output
     assert "--no-enable-prefix-caching --enable-prefix-caching" in inner.output  # the command line
     assert not inner.leftovers()
+
+
+def test_hash_algorithms_cache_the_same_blocks(tmp_path) -> None:
+    """--apc-hash-algos on real vLLM: one extra APC-on server per algorithm (xxhash from the dev extra),
+    identical cached tokens; no OFF server is needed, so none is started."""
+    from tests.conftest import InnerRun
+
+    args = [str(TESTS_APC), "-m", "hash_algo", "--cpu-node", "--apc-hash-algos=sha256_cbor,xxhash",
+            f"--apc-results-dir={tmp_path}/apc-results"]  # fmt: skip
+    inner = InnerRun(args, tmp_path, timeout=1200).wait()
+    assert inner.ret == 0, inner.output[-5000:]
+    data = results(tmp_path)
+    assert data["server_launches"] == {"apc-on": 1, "apc-on-sha256_cbor": 1, "apc-on-xxhash": 1}
+    by_server = {s["mode"]: s["prefix_caching_hash_algo"] for s in data["servers"]}
+    assert by_server == {"apc-on": "sha256", "apc-on-sha256_cbor": "sha256_cbor", "apc-on-xxhash": "xxhash"}
+    hits = {r["id"]: r["prefix_cache_hits"] for r in data["runs"]}
+    assert hits["D-c8"] == hits["D-c8-sha256_cbor"] == hits["D-c8-xxhash"] > 0
+    assert not inner.leftovers()

@@ -3,6 +3,7 @@ that leaves no process behind. (What works is proven against real vLLM in test_e
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -145,3 +146,92 @@ def test_interrupted_pytest_leaves_nothing(suite, run_inner, sig, phase, extra) 
     inner.wait()
     assert inner.ret != 0
     assert not inner.leftovers(), "interrupted run left processes behind"
+
+
+def _start_fake(tmp_path, *flags: str):
+    """A fake server started by the test itself, as a server run elsewhere would be."""
+    import re
+    import subprocess
+    import sys
+
+    log = tmp_path / f"external-{len(list(tmp_path.glob('external-*')))}.log"
+    proc = subprocess.Popen(
+        [sys.executable, str(FAKE_VLLM), "--model", "m", "--served-model-name", "apc-model", "--port", "0",
+         "--max-model-len", "100000", *flags],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        found = re.search(r"Starting vLLM server on (http://\S+)", log.read_text(errors="replace"))
+        if found:
+            return proc, found.group(1)
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(log.read_text())
+
+
+def test_external_servers_are_validated_and_never_stopped(suite, run_inner) -> None:
+    on, on_url = _start_fake(suite, "--enable-prefix-caching")
+    off, off_url = _start_fake(suite, "--no-enable-prefix-caching")
+    try:
+        inner = run_inner(*fake_args(), f"--apc-url-on={on_url}", f"--apc-url-off={off_url}")
+        assert inner.ret == 0, inner.output
+        assert on.poll() is None, "the plugin stopped a server it did not launch"
+        assert off.poll() is None, "the plugin stopped a server it did not launch"
+        data = json.loads(next(suite.glob("apc-results/*/results.json")).read_text())
+        assert data["server_launches"] == {}
+        assert {s["url"] for s in data["servers"]} == {on_url, off_url}
+    finally:
+        on.kill()
+        off.kill()
+
+
+def test_external_server_in_the_wrong_mode_is_refused(suite, run_inner) -> None:
+    off, off_url = _start_fake(suite, "--enable-prefix-caching")  # claims to be the OFF server but is on
+    try:
+        inner = run_inner(*fake_args(), f"--apc-url-off={off_url}", "-k", "test_off")
+        assert inner.ret == 1
+        assert "apc-off server reports vllm:cache_config_info{enable_prefix_caching='True'}" in inner.output
+    finally:
+        off.kill()
+
+
+def test_launcher_prefix_and_api_key_redaction(suite, run_inner) -> None:
+    inner = run_inner(*fake_args(), "--apc-launcher=env APC_LAUNCHED_BY=wrapper", "--apc-api-key=sekrit-123", "-v")
+    assert inner.ret == 0, inner.output
+    data_text = next(suite.glob("apc-results/*/results.json")).read_text()
+    data = json.loads(data_text)
+    command = data["servers"][0]["command"]
+    assert command[:2] == ["env", "APC_LAUNCHED_BY=wrapper"]
+    assert "--api-key" in command
+    assert "***" in command
+    for path in suite.glob("apc-results/**/*"):
+        if path.is_file() and path.suffix in (".json", ".md", ".log"):
+            assert "sekrit-123" not in path.read_text(errors="replace"), path
+    assert "sekrit-123" not in inner.output
+
+
+def test_unknown_case_is_a_collection_error(tmp_path, run_inner) -> None:
+    (tmp_path / "test_bad.py").write_text(
+        "import pytest\n@pytest.mark.apc_cases('G')\ndef test_x(apc_run):\n    pass\n"
+    )
+    inner = run_inner("--cpu-node")
+    assert inner.ret == pytest.ExitCode.INTERRUPTED
+    assert "apc_cases('G') on test_bad.py::test_x: unknown case G; cases are A-F" in inner.output
+
+
+def test_killed_xdist_worker_leaves_nothing(suite, run_inner) -> None:
+    import psutil
+
+    inner = run_inner(*fake_args("--fake-children", "2"), "-n", "2", "--apc-output-len=3000000", wait=False)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(suite.glob("apc-results/*/bench/*.log")):
+        time.sleep(0.2)
+    assert list(suite.glob("apc-results/*/bench/*.log")), "never reached the benchmark"
+    workers = [p for p in psutil.Process(inner.pid).children() if "pytest" in " ".join(p.cmdline())]
+    assert workers
+    for worker in workers:
+        worker.kill()  # an xdist worker killed outright: no teardown of its own runs
+    inner.proc.send_signal(signal.SIGTERM)
+    inner.wait()
+    assert not inner.leftovers(settle=15), "killed workers left servers behind"

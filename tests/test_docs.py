@@ -1,0 +1,46 @@
+"""The docs cannot drift: the configuration reference is generated from the settings table, and every
+option pytest knows appears in it (and nothing else does)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pytest_apc import reference
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+
+
+def test_configuration_reference_is_generated_from_the_code() -> None:
+    assert (DOCS / "configuration.md").read_text() == reference.render(), (
+        "docs/configuration.md is stale: run `python -m pytest_apc.reference > docs/configuration.md`"
+    )
+
+
+def test_every_option_is_documented_and_nothing_else(pytester: pytest.Pytester) -> None:
+    help_text = pytester.runpytest("--help").stdout.str()
+    in_code = set(re.findall(r"(--apc-[a-z-]+|--gpu-node|--cpu-node)", help_text))
+    documented = set(re.findall(r"(--apc-[a-z-]+|--gpu-node|--cpu-node)", (DOCS / "configuration.md").read_text()))
+    assert in_code - documented == set()
+    assert documented - in_code == set()
+    for page in DOCS.glob("*.md"):
+        for option in set(re.findall(r"--apc-[a-z-]+[a-z]", page.read_text())):
+            assert option in in_code, f"{page.name} mentions {option}, which does not exist"
+
+
+def test_readme_commands_exist() -> None:
+    readme = (REPO / "README.md").read_text()
+    for script in re.findall(r"bash (scripts/[\w.-]+)", readme):
+        assert (REPO / script).is_file(), script
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "scripts/test.sh" in ci
+    assert "bash scripts/test.sh" in readme
+
+
+def test_docs_links_resolve() -> None:
+    for page in [REPO / "README.md", *DOCS.glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name} links to missing {target}"

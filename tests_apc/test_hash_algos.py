@@ -1,0 +1,24 @@
+"""Prefix-caching hash algorithms (--apc-hash-algos sha256,sha256_cbor,xxhash,xxhash_cbor).
+
+Each listed algorithm gets its own APC-on server (one launch each); its ON runs are compared with the
+default server's: the algorithm names blocks differently but must cache exactly the same ones, at a cost
+within --apc-overhead-tolerance.
+"""
+
+import pytest
+
+from pytest_apc import verdict
+
+pytestmark = [pytest.mark.apc, pytest.mark.hash_algo]
+
+
+@pytest.mark.apc_cases("D", hash_algos=True)
+def test_cached_tokens(apc_run, apc_assert):
+    """The algorithm's server hits exactly as predicted."""
+    apc_assert(verdict.cached_tokens_match(apc_run))
+
+
+@pytest.mark.apc_cases("BDF", hash_algos=True)
+def test_same_as_default(apc_run, apc_default_run, apc_settings, apc_assert):
+    """Same cached tokens as the default algorithm, TTFT and duration within tolerance."""
+    apc_assert(verdict.same_as_default(apc_run, apc_default_run, apc_settings))
