@@ -10,7 +10,7 @@
 | F    | 32K    | 32K    | on  | rag      | same                                  |
 
 A *workload* is what the benchmark sends; the ON and OFF case of a pair share it byte for byte.
-The expected cache hits are computed here (``expected_hits``) from the workload's shape, the
+The expected cache hits are computed here (``predict``) from the workload's shape, the
 server's block size and the chat template's shared header; never hard-coded.
 """
 
@@ -33,7 +33,6 @@ CASE_PURPOSE = {
     "E": "agent/RAG baseline",
     "F": "agent/RAG APC effect",
 }
-SWEEP_FAMILIES = ("pure", "rag")
 
 
 @dataclass(frozen=True)
@@ -121,12 +120,6 @@ class RunKey:
         """(OFF run, ON run) of this key's pair; the OFF side never carries a hash algorithm."""
         on_case = self.case if self.apc else {v: k for k, v in PAIRS.items()}[self.case]
         return RunKey(PAIRS[on_case], self.concurrency), RunKey(on_case, self.concurrency, self.hash_algo)
-
-
-def matrix_ids(settings: Settings, cases: str, sweep: bool = False) -> list[str]:
-    """Parametrize ids for ``cases`` at the default concurrency, or over the sweep (sorted, stable)."""
-    levels = settings.sweep_concurrency if sweep else (settings.concurrency,)
-    return [RunKey(case, c).id for case in cases for c in levels]
 
 
 @dataclass(frozen=True)

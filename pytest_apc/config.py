@@ -364,8 +364,8 @@ SPECS: tuple[Spec, ...] = (
         "overhead_tolerance",
         _positive_float,
         0.10,
-        "How much slower APC on may be than off (median TTFT, duration) before A/B, and E/F at higher "
-        "concurrency, fail; judged on the bootstrap interval, not the point estimate",
+        "How much slower APC on may be than off before A/B, and E/F at higher concurrency, fail: median TTFT "
+        "is judged on its bootstrap interval, the benchmark duration on its mean over repeats",
         "FRACTION",
         cpu=0.50,
     ),
@@ -492,7 +492,8 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
             sources["model"] = "environment variable MODEL_70B"
         else:
             raise SettingError(
-                "No model for --gpu-node: set --apc-model PATH, PYTEST_APC_MODEL, ini apc_model or $MODEL_70B"
+                "No model for --gpu-node: set --apc-model PATH, PYTEST_APC_MODEL, ini apc_model or $MODEL_70B "
+                "(or --apc-model-shape for random weights)"
             )
     _check_lengths(values, sources)
     return Settings(values, sources)

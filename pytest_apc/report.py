@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -19,13 +20,14 @@ import pytest
 from tabulate import tabulate
 
 import pytest_apc
-from pytest_apc.cases import PAIRS, RunKey
+from pytest_apc.cases import CASE_PURPOSE, PAIRS, RunKey
 from pytest_apc.config import Settings, model_path_for_display
 from pytest_apc.redaction import redact
 from pytest_apc.session import ApcSession, RunRecord
 from pytest_apc.stats import ratio_of_medians
 
 SCHEMA_PATH = Path(__file__).with_name("results.schema.json")
+RUN_ID = re.compile(r"\[([A-F]-c\d+(?:-[a-z0-9_]+)?)\]")
 
 
 def header_lines(settings: Settings, verbose: bool) -> list[str]:
@@ -47,9 +49,18 @@ def progress_writer(config: pytest.Config, tr: Any) -> Callable[[str], None]:
     show = tr is not None and (config.get_verbosity() > 0 or getattr(tr, "isatty", lambda: sys.stdout.isatty())())
     started = time.monotonic()
 
+    capman = config.pluginmanager.getplugin("capturemanager")
+
     def write(message: str) -> None:
-        if show:
-            tr.write_line(f"[apc {time.monotonic() - started:7.1f}s] {message}")
+        if not show:
+            return
+        line = f"[apc {time.monotonic() - started:7.1f}s] {message}"
+        if capman is not None:
+            # Progress happens inside fixture setup, where output is captured: let it through.
+            with capman.global_and_fixture_disabled():
+                tr.write_line(line)
+        else:
+            tr.write_line(line)
 
     return write
 
@@ -132,6 +143,7 @@ def pair_rows(apc: ApcSession) -> list[PairRow]:
             continue
         ids = {key.id, off.key.id}
         outcomes = [v["passed"] and v.get("outcome") == "passed" for v in apc.verdicts if ids & set(v["runs"])]
+        outcomes += [False for run_id in apc.failed_runs if run_id in ids]  # failed before any verdict
         verdict = "-" if not outcomes else ("PASS" if all(outcomes) else "FAIL")
         rows.append(PairRow(off, apc.records[key], verdict))
     return rows
@@ -186,6 +198,8 @@ def terminal_summary(tr: Any, apc: ApcSession, gate: list[str]) -> None:
         tr.write_line(table(apc, verbose=tr.config.get_verbosity() > 0))
     for key, error in sorted(apc.errors.items()):
         tr.write_line(f"NOT MEASURED {key.id}: {error.splitlines()[0]}", red=True)
+    for line in apc.warnings:
+        tr.write_line(f"WARNING {line}", yellow=True)
     for line in gate:
         tr.write_line(f"FAIL baseline: {line}", red=True, bold=True)
     tr.write_line(f"results: {apc.json_path}")
@@ -226,6 +240,8 @@ def markdown(apc: ApcSession, gate: list[str]) -> str:
     lines += [f"- {line}" for line in server_lines(apc)]
     rows = [[_md_cell(k, v) for k, v in r.numbers(apc.settings).items()] for r in pair_rows(apc)]
     lines += ["", tabulate(rows, headers=_md_headers(), tablefmt="github", disable_numparse=True), ""]
+    cases = sorted({c for r in pair_rows(apc) for c in (r.off.key.case, r.on.key.case)})
+    lines += [f"- {case}: {CASE_PURPOSE[case]}" for case in cases] + [""]
     failed = [v for v in apc.verdicts if not v["passed"]]
     lines.append(f"Verdicts: {len(apc.verdicts) - len(failed)} passed, {len(failed)} failed.")
     lines += [f"- FAIL `{v['test']}`: {v['message'].splitlines()[0]}" for v in failed]
@@ -309,12 +325,20 @@ def compare_baseline(apc: ApcSession, baseline_path: Path) -> list[str]:
         old = json.loads(baseline_path.read_text())
     except (OSError, ValueError) as err:
         return [f"cannot read baseline {baseline_path}: {err}"]
-    old_rows = {(r["pair"], r["concurrency"], r.get("hash_algo")): r for r in old.get("pairs", [])}
+    if not old.get("pairs"):
+        return [f"baseline {baseline_path} has no measured pairs to compare with (an incomplete run?)"]
+    old_rows = {(r["pair"], r["concurrency"], r.get("hash_algo")): r for r in old["pairs"]}
     tolerances = apc.settings.baseline_tolerance
     failures = []
-    for row in (r.numbers(apc.settings) for r in pair_rows(apc)):
+    rows = [r.numbers(apc.settings) for r in pair_rows(apc)]
+    if not rows:
+        return [f"nothing was measured to compare with baseline {baseline_path}"]
+    for row in rows:
         before = old_rows.get((row["pair"], row["concurrency"], row["hash_algo"]))
         if before is None:
+            apc.warnings.append(
+                f"baseline {baseline_path} has no row {row['pair']} c{row['concurrency']}: not compared"
+            )
             continue
         name = f"{row['pair']} c{row['concurrency']}"
         checks = [
@@ -350,6 +374,13 @@ class ControllerReporter:
         self.gate: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            # A test that failed before recording a verdict (cannot verify, not measured) still fails its row.
+            found = RUN_ID.search(report.nodeid)
+            if found:
+                key = RunKey.parse(found.group(1))
+                self.apc.failed_runs.update({key.id, *(k.id for k in key.pair())} if "apc_pair" in report.keywords
+                                            else {key.id})  # fmt: skip
         if report.when != "call":
             return
         for name, value in report.user_properties:

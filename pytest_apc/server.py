@@ -358,8 +358,13 @@ class VllmServer:
             busy = (snapshot.gauge("requests_running") or 0) + (snapshot.gauge("requests_waiting") or 0)
             keys = ("prefix_cache_queries", "prefix_cache_hits", "prompt_tokens")
             stable = previous is not None and all(previous.counter(k) == snapshot.counter(k) for k in keys)
-            if (busy == 0 and stable) or time.monotonic() > deadline:
+            if busy == 0 and stable:
                 return snapshot
+            if time.monotonic() > deadline:
+                raise metrics.MetricsError(
+                    f"the server still had {busy:.0f} requests running or waiting {timeout:.0f} s after the "
+                    "benchmark ended, so its counters are not final"
+                )
             previous = snapshot
             time.sleep(0.3)
 

@@ -138,7 +138,7 @@ class RunRecord:
             "case": self.key.case,
             "family": self.key.family,
             "apc": self.key.apc,
-            "hash_algo": self.key.hash_algo or self.server.prefix_caching_hash_algo,
+            "hash_algo": (self.key.hash_algo or self.server.prefix_caching_hash_algo) if self.key.apc else None,
             "concurrency": self.key.concurrency,
             "num_prompts": self.workload.num_prompts,
             "dataset": self.workload.dataset,
@@ -207,6 +207,7 @@ class ApcSession:
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     extra_json: dict[str, Any] = field(default_factory=dict)  # environment, pairs, gate, files (controller)
     warnings: list[str] = field(default_factory=list)
+    failed_runs: set[str] = field(default_factory=set)  # run ids of failed tests (controller)
     started_wall: float = field(default_factory=time.monotonic)
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     server_seconds: float = 0.0
@@ -310,9 +311,10 @@ class ApcSession:
 
                 self._model = str(ensure_shape_model(self.settings.model_shape))
             elif self.settings.profile == "cpu" and not self.settings.model:
-                from pytest_apc.tinymodel import ensure_tiny_model
+                from pytest_apc.tinymodel import ensure_tiny_model, tiny_model_cached
 
-                self.progress("generating the tiny CPU model (cached after the first run)")
+                if not tiny_model_cached():
+                    self.progress("generating the tiny CPU model (cached after the first run)")
                 self._model = str(ensure_tiny_model())
             else:
                 self._model = str(self.settings.model)

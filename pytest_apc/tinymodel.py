@@ -147,11 +147,20 @@ def _build_weights(out: Path) -> None:
     (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True))
 
 
+def _tiny_target(cache_dir: Path | None) -> Path:
+    return (cache_dir or default_cache_dir()) / "models" / f"tiny-llama-v{TINY_MODEL_VERSION}-{_spec_digest()}"
+
+
+def tiny_model_cached(cache_dir: Path | None = None) -> bool:
+    target = _tiny_target(cache_dir)
+    return (target / "config.json").is_file() and (target / "tokenizer.json").is_file()
+
+
 def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
     """Return the folder of the tiny model, generating it first if it is not cached yet."""
-    root = (cache_dir or default_cache_dir()) / "models"
-    target = root / f"tiny-llama-v{TINY_MODEL_VERSION}-{_spec_digest()}"
-    if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
+    target = _tiny_target(cache_dir)
+    root = target.parent
+    if tiny_model_cached(cache_dir):
         return target
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
