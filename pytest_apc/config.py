@@ -378,6 +378,16 @@ SPECS: tuple[Spec, ...] = (
         "N",
     ),
     Spec(
+        "pure_gain_concurrency",
+        _non_negative_int,
+        0,
+        "Concurrency up to which C/D must show a significant median-TTFT gain (0: every level). Above it the "
+        "pair is held to not being slower and the gain is reported: on a 2-core CPU the server's own request "
+        "handling competes with the engine for the cores, so TTFT at high concurrency is not prefill",
+        "N",
+        cpu=2,
+    ),
+    Spec(
         "min_bound_fraction",
         _fraction_or_zero,
         0.0,

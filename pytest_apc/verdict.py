@@ -247,6 +247,15 @@ def not_slower(pair: Pair) -> Verdict:
     return Verdict("not_slower", [pair.off.key.id, pair.on.key.id], not problems, message, n)
 
 
+def pure_effect(pair: Pair) -> Verdict:
+    """C/D: a significant TTFT gain up to --apc-pure-gain-concurrency (every level by default); above it,
+    not slower."""
+    limit = pair.settings.pure_gain_concurrency
+    if not limit or pair.on.key.concurrency <= limit:
+        return ttft_gain(pair)
+    return not_slower(pair)
+
+
 def rag_effect(pair: Pair) -> Verdict:
     """E/F: a significant TTFT gain at low concurrency; above it, queueing dominates TTFT, so not slower."""
     if pair.on.key.concurrency <= pair.settings.low_concurrency:

@@ -235,3 +235,40 @@ def test_killed_xdist_worker_leaves_nothing(suite, run_inner) -> None:
     inner.proc.send_signal(signal.SIGTERM)
     inner.wait()
     assert not inner.leftovers(settle=15), "killed workers left servers behind"
+
+
+def test_benchmark_exception_is_a_failure_with_its_traceback(suite, run_inner) -> None:
+    """What a non-zero exit of `vllm bench serve` would be: here its tokenizer cannot be loaded."""
+    inner = run_inner(*fake_args(), "--apc-tokenizer=/nonexistent/tokenizer")
+    assert inner.ret == 1
+    assert "benchmark exited with an error (what a non-zero exit of `vllm bench serve` would be)" in inner.output
+    assert "/nonexistent/tokenizer" in inner.output
+    assert "re-run: " in inner.output
+
+
+def test_finished_runs_are_on_disk_when_a_later_one_fails(tmp_path, run_inner) -> None:
+    (tmp_path / "test_sweep.py").write_text(SUITE.replace('apc_cases("C")', 'apc_cases("C", sweep=True)'))
+    inner = run_inner(*fake_args("--fake-die-after-requests", "5"), "--apc-sweep-concurrency=1,2", "-k", "test_off")
+    assert inner.ret == 1
+    data = json.loads(next(tmp_path.glob("apc-results/*/results.json")).read_text())
+    assert [r["id"] for r in data["runs"]] == ["C-c1"]
+    assert "C-c2" in data["errors"]
+    assert (tmp_path / "apc-results").glob("*/bench/C-c1.json")
+
+
+def test_missing_xxhash_is_named_before_launching(pytester, tmp_path, monkeypatch) -> None:
+    import importlib.util
+
+    from pytest_apc import config as apc_config
+    from pytest_apc.server import ServerMode
+    from pytest_apc.session import ApcSession
+
+    settings = apc_config.resolve(pytester.parseconfig("--cpu-node"), environ={})
+    session = ApcSession(settings=settings, run_dir=tmp_path, json_path=tmp_path / "r.json")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "xxhash" else real(name, *a))
+    message = session._missing_hash_package(ServerMode(True, "xxhash_cbor"))
+    assert message is not None
+    assert "needs the Python package 'xxhash' for --prefix-caching-hash-algo xxhash_cbor" in message
+    assert "pip install xxhash" in message
+    assert session._missing_hash_package(ServerMode(True, "sha256_cbor")) is None

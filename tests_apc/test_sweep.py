@@ -33,7 +33,7 @@ def test_cached_tokens_independent_of_concurrency(apc_run, apc_assert):
 def test_pure_apc(apc_pair, apc_assert):
     """The pure APC effect holds at every concurrency."""
     apc_assert(verdict.prefill_saved(apc_pair))
-    apc_assert(verdict.ttft_gain(apc_pair))
+    apc_assert(verdict.pure_effect(apc_pair))
 
 
 @pytest.mark.apc_cases("F", sweep=True)
