@@ -385,7 +385,7 @@ SPECS: tuple[Spec, ...] = (
         "pair is held to not being slower and the gain is reported: on a 2-core CPU the server's own request "
         "handling competes with the engine for the cores, so TTFT at high concurrency is not prefill",
         "N",
-        cpu=2,
+        cpu=1,
     ),
     Spec(
         "min_bound_fraction",
