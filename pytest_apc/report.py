@@ -24,7 +24,7 @@ from pytest_apc.cases import CASE_PURPOSE, PAIRS, RunKey
 from pytest_apc.config import Settings, model_path_for_display
 from pytest_apc.redaction import redact
 from pytest_apc.session import ApcSession, RunRecord
-from pytest_apc.stats import ratio_of_medians
+from pytest_apc.verdict import Pair
 
 SCHEMA_PATH = Path(__file__).with_name("results.schema.json")
 RUN_ID = re.compile(r"\[([A-F]-c\d+(?:-[a-z0-9_]+)?)\]")
@@ -110,10 +110,7 @@ class PairRow:
         low: float | None
         high: float | None
         try:
-            gain = ratio_of_medians(
-                self.off.samples_ms(), self.on.samples_ms(),
-                samples=settings.bootstrap_samples, confidence=settings.confidence,
-            )  # fmt: skip
+            gain = Pair(self.off, self.on, settings).ttft_speedup()
             speedup, low, high = gain.estimate, gain.low, gain.high
         except ValueError:
             speedup = low = high = None

@@ -201,11 +201,14 @@ def test_off_server_that_is_not_off_is_refused(tmp_path) -> None:
 
 def test_hash_algorithms_cache_the_same_blocks(tmp_path) -> None:
     """--apc-hash-algos on real vLLM: one extra APC-on server per algorithm (xxhash from the dev extra),
-    identical cached tokens; no OFF server is needed, so none is started."""
+    identical cached tokens; no OFF server is needed, so none is started. At concurrency 1: on two cores,
+    runs at concurrency 8 last under a second and their timing varies 2x from server to server (seen:
+    D-c8 0.27 s on one server, 0.55 s on the next with the same hits), which no tolerance separates from
+    a real overhead; sequential requests are what a 2-core machine can time."""
     from tests.conftest import InnerRun
 
     args = [str(TESTS_APC), "-m", "hash_algo", "--cpu-node", "--apc-hash-algos=sha256_cbor,xxhash",
-            f"--apc-results-dir={tmp_path}/apc-results"]  # fmt: skip
+            "--apc-concurrency=1", f"--apc-results-dir={tmp_path}/apc-results"]  # fmt: skip
     inner = InnerRun(args, tmp_path, timeout=1200).wait()
     assert inner.ret == 0, inner.output[-5000:]
     data = results(tmp_path)
@@ -213,5 +216,5 @@ def test_hash_algorithms_cache_the_same_blocks(tmp_path) -> None:
     by_server = {s["mode"]: s["prefix_caching_hash_algo"] for s in data["servers"]}
     assert by_server == {"apc-on": "sha256", "apc-on-sha256_cbor": "sha256_cbor", "apc-on-xxhash": "xxhash"}
     hits = {r["id"]: r["prefix_cache_hits"] for r in data["runs"]}
-    assert hits["D-c8"] == hits["D-c8-sha256_cbor"] == hits["D-c8-xxhash"] > 0
+    assert hits["D-c1"] == hits["D-c1-sha256_cbor"] == hits["D-c1-xxhash"] > 0
     assert not inner.leftovers()

@@ -272,3 +272,19 @@ def test_missing_xxhash_is_named_before_launching(pytester, tmp_path, monkeypatc
     assert "needs the Python package 'xxhash' for --prefix-caching-hash-algo xxhash_cbor" in message
     assert "pip install xxhash" in message
     assert session._missing_hash_package(ServerMode(True, "sha256_cbor")) is None
+
+
+def test_two_runs_on_one_node_do_not_collide(tmp_path, run_inner) -> None:
+    """Two pytest runs at once on one machine (CPU profile): own ports, own run folders, own processes."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "test_suite.py").write_text(SUITE)
+    runs = [
+        run_inner(str(tmp_path / name), *fake_args(), f"--apc-results-dir={tmp_path / name}/r", wait=False)
+        for name in ("a", "b")
+    ]
+    for inner in runs:
+        inner.wait()
+        assert inner.ret == 0, inner.output
+    urls = [json.loads(next((tmp_path / n).glob("r/*/results.json")).read_text())["servers"][0]["url"] for n in "ab"]
+    assert urls[0] != urls[1]
