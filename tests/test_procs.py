@@ -74,3 +74,38 @@ def test_kv_working_set_beyond_capacity(pytester: pytest.Pytester, tmp_path: Pat
         "(block size 128): expect preemptions and evicted prefix blocks"
     ]
     assert (RunKey("D", 8) in session.errors) is not measured
+
+
+def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypatch) -> None:
+    """Another process grabs the chosen port first: the server fails with "Address already in use" and the
+    launch is retried on a fresh port (one server in the end, nothing left behind)."""
+    import socket
+
+    from pytest_apc import server as server_mod
+    from tests.conftest import FAKE_VLLM
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    ports = iter([busy.getsockname()[1]])
+    real_free_port = server_mod.free_port
+    monkeypatch.setattr(server_mod, "free_port", lambda host: next(ports, None) or real_free_port(host))
+    fake = [sys.executable, str(FAKE_VLLM), "--model", "m", "--served-model-name", "apc-model"]
+    srv = server_mod.VllmServer(
+        server_mod.ServerMode(True),
+        lambda port: [*fake, "--port", str(port), "--enable-prefix-caching"],
+        host="127.0.0.1",
+        served_model_name="apc-model",
+        env={},
+        log_path=tmp_path / "server.log",
+        startup_timeout=30,
+        stop_timeout=3,
+    )
+    try:
+        info = srv.start()
+        assert srv.port != busy.getsockname()[1]
+        assert info.block_size == 16
+        assert "Address already in use" in (tmp_path / "server.log").read_text()
+    finally:
+        srv.stop()
+        busy.close()
