@@ -112,6 +112,15 @@ class Delta:
             return None
         return self.prefix_cache_hits / self.prefix_cache_queries
 
+    @property
+    def prefill_computed(self) -> int | None:
+        """Prompt tokens computed, not served from a cache: the by-source counter, else prompt - hits."""
+        if self.computed_tokens is not None:
+            return self.computed_tokens
+        if self.prompt_tokens is None:
+            return None
+        return self.prompt_tokens - (self.prefix_cache_hits or 0)
+
     def missing(self) -> list[str]:
         return [name for name in REQUIRED if getattr(self, name) is None]
 

@@ -150,24 +150,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if marker.kwargs.get("sweep"):
         cases = "".join(c for c in cases if c in settings.sweep_cases) or cases
         if not any(c in settings.sweep_cases for c in marker.args[0]):
-            skip = pytest.mark.skip(
-                reason=f"cases {marker.args[0]} are not in --apc-sweep-cases {settings.sweep_cases}"
-            )
-            metafunc.parametrize(fixture, [pytest.param(RunKey(cases[0], levels[0]).id, marks=skip)],
-                                 indirect=True, ids=["not-swept"])  # fmt: skip
+            reason = f"cases {marker.args[0]} are not in --apc-sweep-cases {settings.sweep_cases}"
+            _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0]), "not-swept", reason)
             return
     if marker.kwargs.get("hash_algos"):
         # Only the listed algorithms (the default's runs are what they are compared with).
         if not settings.hash_algos:
-            skip = pytest.mark.skip(reason="no --apc-hash-algos given: nothing to compare with the default")
-            metafunc.parametrize(fixture, [pytest.param(RunKey(cases[0], levels[0]).id, marks=skip)],
-                                 indirect=True, ids=["no-hash-algos"])  # fmt: skip
+            reason = "no --apc-hash-algos given: nothing to compare with the default"
+            _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0]), "no-hash-algos", reason)
             return
         algos: tuple[str, ...] = tuple(settings.hash_algos)
     else:
         algos = ("",)
     ids = [RunKey(case, c, algo).id for case in cases for c in levels for algo in algos]
     metafunc.parametrize(fixture, ids, indirect=True, ids=ids)
+
+
+def _parametrize_skipped(metafunc: pytest.Metafunc, fixture: str, key: RunKey, test_id: str, reason: str) -> None:
+    """One skipped parameter with a readable id, for a test whose runs this configuration does not make
+    (skipped items are not planned, so nothing is measured for it)."""
+    metafunc.parametrize(fixture, [pytest.param(key.id, marks=pytest.mark.skip(reason=reason))], indirect=True,
+                         ids=[test_id])  # fmt: skip
 
 
 def _keys_of(item: pytest.Item) -> list[RunKey]:

@@ -93,7 +93,7 @@ def apc_really_off(run: RunRecord) -> Verdict:
     lines, ok, numbers = [], True, {}
     for repeat, d in run.require_counters():
         tokens = int(repeat.bench["total_input_tokens"])
-        computed = d.computed_tokens if d.computed_tokens is not None else d.prompt_tokens
+        computed = d.prefill_computed
         good = d.prefix_cache_queries == 0 and d.prefix_cache_hits == 0 and computed == tokens
         ok = ok and good
         numbers = {"queries": d.prefix_cache_queries, "hits": d.prefix_cache_hits, "computed_tokens": computed}
@@ -155,14 +155,11 @@ def prefill_saved(pair: Pair) -> Verdict:
     if p is None:
         return cached_tokens_match(pair.on)  # raises the "cannot predict" failure
     (_, off), (_, on) = pair.off.require_counters()[0], pair.on.require_counters()[0]
-    computed_off = off.computed_tokens if off.computed_tokens is not None else off.prompt_tokens
-    computed_on = (
-        on.computed_tokens if on.computed_tokens is not None else (on.prompt_tokens or 0) - (on.prefix_cache_hits or 0)
-    )
+    computed_off, computed_on = off.prefill_computed, on.prefill_computed
     ok = computed_off is not None and computed_on is not None and computed_on <= p.computed_tokens_on + p.tolerance
     ratio = (computed_off / computed_on) if computed_off and computed_on else None
     message = (
-        f"{pair.id}: prefill computed OFF {computed_off:,} tokens, ON {computed_on:,} tokens: "
+        f"{pair.id}: prefill computed OFF {_tokens(computed_off)} tokens, ON {_tokens(computed_on)} tokens: "
         f"{ratio or 0:.2f}x less work (bound from the workload {p.prefill_bound:.2f}x, "
         f"predicted ON {p.computed_tokens_on:,} +/- {p.tolerance:,})"
     )
@@ -175,6 +172,22 @@ def prefill_saved(pair: Pair) -> Verdict:
         message,
         {"computed_off": computed_off, "computed_on": computed_on, "ratio": ratio, "bound": p.prefill_bound},
     )
+
+
+def _tokens(value: int | None) -> str:
+    return "unknown" if value is None else f"{value:,}"
+
+
+def _slower_problems(
+    ttft_slowdown_low: float, duration_ratio: float, tol: float, slower: str, longer: str
+) -> list[str]:
+    """Slower beyond tolerance: the low end of the median-TTFT slowdown interval, or the duration ratio."""
+    problems = []
+    if ttft_slowdown_low > 1 + tol:
+        problems.append(f"median TTFT is slower {slower} by at least {ttft_slowdown_low - 1:.0%} (tolerance {tol:.0%})")
+    if duration_ratio > 1 + tol:
+        problems.append(f"the run took {duration_ratio - 1:.0%} longer {longer} (tolerance {tol:.0%})")
+    return problems
 
 
 def _timing_numbers(pair: Pair) -> dict[str, Any]:
@@ -227,14 +240,10 @@ def not_slower(pair: Pair) -> Verdict:
     """APC on is not slower than off beyond --apc-overhead-tolerance (median TTFT interval and duration)."""
     n = _timing_numbers(pair)
     tol = pair.settings.overhead_tolerance
-    problems = []
     # ON/OFF slowdown interval = 1/speedup; significantly slower when its low end is above 1 + tol.
     slowdown_low = 1 / n["ttft_speedup_high"] if n["ttft_speedup_high"] else float("inf")
-    if slowdown_low > 1 + tol:
-        problems.append(f"median TTFT is slower with APC by at least {slowdown_low - 1:.0%} (tolerance {tol:.0%})")
     duration_ratio = n["duration_on_s"] / n["duration_off_s"] if n["duration_off_s"] else float("inf")
-    if duration_ratio > 1 + tol:
-        problems.append(f"the run took {duration_ratio - 1:.0%} longer with APC (tolerance {tol:.0%})")
+    problems = _slower_problems(slowdown_low, duration_ratio, tol, "with APC", "with APC")
     message = (
         f"{pair.id} at concurrency {pair.on.key.concurrency}: median TTFT {n['median_ttft_off_ms']:,.1f} -> "
         f"{n['median_ttft_on_ms']:,.1f} ms (gain {n['ttft_speedup']:.2f}x [{n['ttft_speedup_low']:.2f}, "
@@ -273,14 +282,10 @@ def same_as_default(run: RunRecord, default: RunRecord, settings: Settings) -> V
     slowdown = ratio_of_medians(
         run.samples_ms(), default.samples_ms(), samples=settings.bootstrap_samples, confidence=settings.confidence
     )
-    tol = settings.overhead_tolerance
-    if slowdown.low > 1 + tol:
-        problems.append(
-            f"median TTFT is slower than the default by at least {slowdown.low - 1:.0%} (tolerance {tol:.0%})"
-        )
     throughput = run.duration_s / default.duration_s if default.duration_s else float("inf")
-    if throughput > 1 + tol:
-        problems.append(f"the run took {throughput - 1:.0%} longer than with the default (tolerance {tol:.0%})")
+    problems += _slower_problems(
+        slowdown.low, throughput, settings.overhead_tolerance, "than the default", "than with the default"
+    )
     algo = run.key.hash_algo
     message = (
         f"{run.key.id} vs {default.key.id} ({algo} vs {default.server.prefix_caching_hash_algo}): cached tokens "

@@ -184,3 +184,16 @@ def test_pure_effect_switches_on_the_profile_limit(pytester) -> None:
     assert verdict.pure_effect(verdict.Pair(off2, on2, gpu)).name == "ttft_gain"
     off1, on1 = record(cpu, "C", 1, off_delta(cpu, "C"), 100.0), record(cpu, "D", 1, delta(1, 0), 100.0)
     assert verdict.pure_effect(verdict.Pair(off1, on1, cpu)).name == "ttft_gain"
+
+
+def test_same_as_default_fails_on_other_hits_and_slowness(pytester) -> None:
+    s = settings(pytester, "--apc-overhead-tolerance=0.1")
+    default = record(s, "D", 8, delta(64263, 59392), 40.0)
+    algo = record(s, "D", 8, delta(64263, 58368), 80.0)
+    algo.key = RunKey("D", 8, "xxhash")
+    v = verdict.same_as_default(algo, default, s)
+    assert not v.passed
+    assert "cached tokens 58,368 differ from the default's 59,392" in v.message
+    assert "median TTFT is slower than the default by at least" in v.message
+    assert "the run took 100% longer than with the default (tolerance 10%)" in v.message
+    assert verdict.same_as_default(default, default, s).passed
