@@ -422,6 +422,15 @@ class Settings:
     def enabled(self) -> bool:
         return self.values["profile"] is not None
 
+    @property
+    def model_label(self) -> str:
+        """What the servers will serve, in words, before the model exists on disk."""
+        if self.values["model"]:
+            return model_path_for_display(self.values["model"])
+        if self.values["model_shape"]:
+            return f"generated {self.values['model_shape']}-shaped model (random weights)"
+        return "generated tiny model"
+
     def scaled(self, tokens: int) -> int:
         """A workload length after ``length_scale``; never below one token."""
         return max(1, round(tokens * self.values["length_scale"]))

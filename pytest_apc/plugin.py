@@ -272,13 +272,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_sessionfinish(session: pytest.Session) -> None:
     apc = session.config.stash.get(SESSION_KEY, None)
     if apc is not None:
-        apc.close()
+        apc.close(write=not session.config.option.collectonly)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     apc = config.stash.get(SESSION_KEY, None)
     if apc is not None:
-        apc.close()
+        apc.close(write=not config.option.collectonly)
     if not _is_worker(config):
         procs.reap()
     if NODE_LOCK_KEY in config.stash:

@@ -24,6 +24,7 @@ from pytest_apc.cases import CASE_PURPOSE, PAIRS, RunKey
 from pytest_apc.config import Settings, model_path_for_display
 from pytest_apc.redaction import redact
 from pytest_apc.session import ApcSession, RunRecord
+from pytest_apc.stats import ratio_of_medians
 from pytest_apc.verdict import Pair
 
 SCHEMA_PATH = Path(__file__).with_name("results.schema.json")
@@ -31,9 +32,8 @@ RUN_ID = re.compile(r"\[([A-F]-c\d+(?:-[a-z0-9_]+)?)\]")
 
 
 def header_lines(settings: Settings, verbose: bool) -> list[str]:
-    model = settings.model or "generated tiny model"
     lines = [
-        f"apc: profile={settings.profile} model={model_path_for_display(model)} "
+        f"apc: profile={settings.profile} model={settings.model_label} "
         f"prompts={settings.num_prompts} concurrency={settings.concurrency} "
         f"sweep={','.join(map(str, settings.sweep_concurrency))} length_scale={settings.length_scale:g}"
     ]
@@ -77,8 +77,20 @@ def record_properties(node: pytest.Item, record: RunRecord) -> None:
 # -- the validation table ------------------------------------------------------------------------------
 
 
-def _n(value: Any, spec: str = ",.0f") -> str:
-    return "-" if value is None else format(value, spec)
+def _num(value: Any, spec: str | None = None) -> str:
+    """One number for a table cell or a message: counts with thousands separators, milliseconds and other
+    quantities whole from 100 up, small ratios with two decimals; ``spec`` where a column needs its own."""
+    if value is None:
+        return "-"
+    if spec is not None:
+        return format(value, spec)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int) or abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:,.2f}"
 
 
 def _k(value: float | None) -> str:
@@ -101,8 +113,7 @@ class PairRow:
 
     @property
     def name(self) -> str:
-        algo = f" {self.on.key.hash_algo}" if self.on.key.hash_algo else ""
-        return f"{self.off.key.case}/{self.on.key.case}{algo}"
+        return f"{self.off.key.case}/{self.on.key.case}"
 
     def numbers(self, settings: Settings) -> dict[str, Any]:
         on, off = self.on.to_json(), self.off.to_json()
@@ -115,7 +126,7 @@ class PairRow:
         except ValueError:
             speedup = low = high = None
         return {
-            "pair": self.name, "concurrency": self.on.key.concurrency, "hash_algo": self.on.key.hash_algo or None,
+            "pair": self.name, "concurrency": self.on.key.concurrency,
             "cache_hit_observed": bool(on["prefix_cache_hits"]), "cached_tokens": on["prefix_cache_hits"],
             "expected_cached_tokens": self.on.prediction.expected_hits if self.on.prediction else None,
             "hit_ratio": on["hit_ratio"], "median_ttft_off_ms": off["median_ttft_ms"],
@@ -129,20 +140,65 @@ class PairRow:
         }  # fmt: skip
 
 
+def _row_verdict(apc: ApcSession, runs: set[str], about: str | None = None) -> str:
+    """PASS/FAIL from the verdicts about these runs only (every run they name among ``runs``), or about one
+    run (every verdict naming ``about``); FAIL when one of ``runs`` failed before any verdict; "-" when
+    nothing judged them."""
+    outcomes = [
+        v["passed"] and v.get("outcome") == "passed"
+        for v in apc.verdicts
+        if (about in v["runs"] if about else set(v["runs"]) <= runs)
+    ]
+    outcomes += [False for run_id in apc.failed_runs if run_id in runs]  # failed before any verdict
+    return "-" if not outcomes else ("PASS" if all(outcomes) else "FAIL")
+
+
 def pair_rows(apc: ApcSession) -> list[PairRow]:
-    """Every measured ON run with its OFF partner, in matrix order, with the verdicts' outcome."""
+    """Every ON run of the default APC server with its OFF partner, in matrix order, with the verdicts'
+    outcome (runs on --apc-hash-algos servers are compared with the default's in ``algo_rows``)."""
     rows = []
-    for key in sorted(apc.records, key=lambda k: (k.case, k.hash_algo, k.concurrency)):
-        if key.case not in PAIRS:
+    for key in sorted(apc.records, key=lambda k: (k.case, k.concurrency)):
+        if key.case not in PAIRS or key.hash_algo:
             continue
         off = apc.records.get(RunKey(PAIRS[key.case], key.concurrency))
         if off is None:
             continue
-        ids = {key.id, off.key.id}
-        outcomes = [v["passed"] and v.get("outcome") == "passed" for v in apc.verdicts if ids & set(v["runs"])]
-        outcomes += [False for run_id in apc.failed_runs if run_id in ids]  # failed before any verdict
-        verdict = "-" if not outcomes else ("PASS" if all(outcomes) else "FAIL")
-        rows.append(PairRow(off, apc.records[key], verdict))
+        rows.append(PairRow(off, apc.records[key], _row_verdict(apc, {key.id, off.key.id})))
+    return rows
+
+
+@dataclass
+class AlgoRow:
+    """One run on a --apc-hash-algos server next to the same run on the default APC-on server."""
+
+    default: RunRecord
+    run: RunRecord
+    verdict: str
+
+    def numbers(self, settings: Settings) -> dict[str, Any]:
+        ratio = ratio_of_medians(self.run.samples_ms(), self.default.samples_ms(),
+                                 samples=settings.bootstrap_samples, confidence=settings.confidence)  # fmt: skip
+        return {
+            "case": self.run.key.case, "concurrency": self.run.key.concurrency,
+            "hash_algo": self.run.key.hash_algo, "default_hash_algo": self.default.server.prefix_caching_hash_algo,
+            "cached_tokens": self.run.to_json()["prefix_cache_hits"],
+            "default_cached_tokens": self.default.to_json()["prefix_cache_hits"],
+            "median_ttft_default_ms": self.default.median_ms(), "median_ttft_ms": self.run.median_ms(),
+            "ttft_ratio": ratio.estimate, "ttft_ratio_low": ratio.low, "ttft_ratio_high": ratio.high,
+            "duration_default_s": self.default.duration_s, "duration_s": self.run.duration_s,
+            "verdict": self.verdict,
+        }  # fmt: skip
+
+
+def algo_rows(apc: ApcSession) -> list[AlgoRow]:
+    """Every run measured on a --apc-hash-algos server with its default-algorithm twin."""
+    rows = []
+    for key in sorted(apc.records, key=lambda k: (k.hash_algo, k.case, k.concurrency)):
+        default = apc.records.get(RunKey(key.case, key.concurrency))
+        if not key.hash_algo or default is None:
+            continue
+        # The algorithm's own verdicts and the comparison; the default run's own verdicts belong to its pair.
+        rows.append(AlgoRow(default, apc.records[key], _row_verdict(apc, {key.id}, about=key.id)))
     return rows
 
 
@@ -154,21 +210,38 @@ def table(apc: ApcSession, verbose: bool = False) -> str:
         line = [
             n["pair"], n["concurrency"],
             "yes" if n["cache_hit_observed"] else ("NO" if n["expected_cached_tokens"] else "no"),
-            f"{_n(n['cached_tokens'])}/{_n(n['expected_cached_tokens'])}", _n(n["hit_ratio"], ".0%"),
-            f"{_n(n['median_ttft_off_ms'], '.4g')}>{_n(n['median_ttft_on_ms'], '.4g')}",
-            f"{_n(n['ttft_speedup'], '.2f')}x/{_n(n['prefill_bound'], '.3g')}x",
+            f"{_num(n['cached_tokens'])}/{_num(n['expected_cached_tokens'])}", _num(n["hit_ratio"], ".0%"),
+            f"{_num(n['median_ttft_off_ms'])}>{_num(n['median_ttft_on_ms'])}",
+            f"{_num(n['ttft_speedup'], '.2f')}x/{_num(n['prefill_bound'], '.3g')}x",
             f"{_k(n['input_throughput_off'])}>{_k(n['input_throughput_on'])}",
             f"{_k(n['output_throughput_off'])}>{_k(n['output_throughput_on'])}",
-            f"{_n(n['median_e2el_off_ms'], '.4g')}>{_n(n['median_e2el_on_ms'], '.4g')}",
+            f"{_num(n['median_e2el_off_ms'])}>{_num(n['median_e2el_on_ms'])}",
             n["verdict"],
         ]  # fmt: skip
         if verbose:
-            line.insert(7, f"[{_n(n['ttft_speedup_low'], '.2f')},{_n(n['ttft_speedup_high'], '.2f')}]")
+            line.insert(7, f"[{_num(n['ttft_speedup_low'], '.2f')},{_num(n['ttft_speedup_high'], '.2f')}]")
         body.append(line)
     headers = ["pair", "c", "hit", "cached/expected", "ratio", "TTFT ms", "gain/bound", "in tok/s", "out tok/s",
                "E2E ms", "verdict"]  # fmt: skip
     if verbose:
         headers.insert(7, "gain CI")
+    return tabulate(body, headers=headers, disable_numparse=True)
+
+
+def algo_table(apc: ApcSession) -> str:
+    """Each hash algorithm against the default one: same cached tokens, TTFT and duration within tolerance."""
+    body = []
+    for row in algo_rows(apc):
+        n = row.numbers(apc.settings)
+        body.append([
+            f"{n['case']} {n['hash_algo']}", n["concurrency"],
+            f"{_num(n['cached_tokens'])}/{_num(n['default_cached_tokens'])}",
+            f"{_num(n['median_ttft_default_ms'])}>{_num(n['median_ttft_ms'])}",
+            f"{_num(n['ttft_ratio'], '.2f')}x [{_num(n['ttft_ratio_low'], '.2f')},{_num(n['ttft_ratio_high'], '.2f')}]",
+            f"{_num(n['duration_default_s'])}>{_num(n['duration_s'])}", n["verdict"],
+        ])  # fmt: skip
+    headers = ["case algorithm", "c", "cached/default", "TTFT ms default>algo", "TTFT algo/default",
+               "duration s", "verdict"]  # fmt: skip
     return tabulate(body, headers=headers, disable_numparse=True)
 
 
@@ -178,8 +251,8 @@ def server_lines(apc: ApcSession) -> list[str]:
         tp = next((info.command[i + 1] for i, a in enumerate(info.command[:-1]) if a == "--tensor-parallel-size"), "1")
         lines.append(
             f"{info.mode}: vLLM {info.version}, TP {tp}, block size {info.block_size}, "
-            f"{_n(info.num_gpu_blocks)} blocks = {_n(info.kv_cache_size_tokens)} KV tokens, "
-            f"hash {info.prefix_caching_hash_algo}, ready in {_n(info.startup_s, '.0f')} s, "
+            f"{_num(info.num_gpu_blocks)} blocks = {_num(info.kv_cache_size_tokens)} KV tokens, "
+            f"hash {info.prefix_caching_hash_algo}, ready in {_num(info.startup_s, '.0f')} s, "
             f"launches {apc.launches.get(info.mode, 0)}"
         )
     return lines
@@ -191,8 +264,12 @@ def terminal_summary(tr: Any, apc: ApcSession, gate: list[str]) -> None:
     tr.write_line(f"model {model} ({apc.settings.profile} profile); TTFT OFF>ON; gain = median TTFT OFF/ON")
     for line in server_lines(apc):
         tr.write_line(line)
-    if apc.records:
+    if pair_rows(apc):
         tr.write_line(table(apc, verbose=tr.config.get_verbosity() > 0))
+    if algo_rows(apc):
+        default = algo_rows(apc)[0].default.server.prefix_caching_hash_algo
+        tr.write_line(f"hash algorithms vs the default ({default}): cached tokens must be equal")
+        tr.write_line(algo_table(apc))
     for key, error in sorted(apc.errors.items()):
         tr.write_line(f"NOT MEASURED {key.id}: {error.splitlines()[0]}", red=True)
     for line in apc.warnings:
@@ -236,7 +313,12 @@ def markdown(apc: ApcSession, gate: list[str]) -> str:
     lines = ["# APC validation", "", f"Model `{apc.json_model()}`, profile `{apc.settings.profile}`.", ""]
     lines += [f"- {line}" for line in server_lines(apc)]
     rows = [[_md_cell(k, v) for k, v in r.numbers(apc.settings).items()] for r in pair_rows(apc)]
-    lines += ["", tabulate(rows, headers=_md_headers(), tablefmt="github", disable_numparse=True), ""]
+    if rows:
+        lines += ["", tabulate(rows, headers=_md_headers(), tablefmt="github", disable_numparse=True), ""]
+    algos = [[_md_cell(k, v) for k, v in r.numbers(apc.settings).items()] for r in algo_rows(apc)]
+    if algos:
+        lines += ["", "Hash algorithms against the default (equal cached tokens; TTFT ratio algorithm/default):"]
+        lines += ["", tabulate(algos, headers=_md_algo_headers(), tablefmt="github", disable_numparse=True), ""]
     cases = sorted({c for r in pair_rows(apc) for c in (r.off.key.case, r.on.key.case)})
     lines += [f"- {case}: {CASE_PURPOSE[case]}" for case in cases] + [""]
     failed = [v for v in apc.verdicts if not v["passed"]]
@@ -248,23 +330,19 @@ def markdown(apc: ApcSession, gate: list[str]) -> str:
 
 
 def _md_cell(name: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if name == "hit_ratio":
-        return f"{value:.1%}"
-    if isinstance(value, float):
-        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
+    return _num(value, ".1%") if name == "hit_ratio" and value is not None else _num(value)
 
 
 def _md_headers() -> list[str]:
-    return ["pair", "conc", "hash", "hit?", "cached tokens", "expected", "hit ratio", "TTFT OFF ms", "TTFT ON ms",
+    return ["pair", "conc", "hit?", "cached tokens", "expected", "hit ratio", "TTFT OFF ms", "TTFT ON ms",
             "gain", "gain CI low", "gain CI high", "prefill bound", "in tok/s OFF", "in tok/s ON", "out tok/s OFF",
             "out tok/s ON", "E2E OFF ms", "E2E ON ms", "verdict"]  # fmt: skip
+
+
+def _md_algo_headers() -> list[str]:
+    return ["case", "conc", "hash", "default hash", "cached tokens", "default cached tokens", "TTFT default ms",
+            "TTFT ms", "ratio", "ratio CI low", "ratio CI high", "duration default s", "duration s",
+            "verdict"]  # fmt: skip
 
 
 def plots(apc: ApcSession) -> list[str]:
@@ -286,7 +364,10 @@ def plots(apc: ApcSession) -> list[str]:
         x = [r["concurrency"] for r in sub]
         ax.plot(x, [r["median_ttft_off_ms"] for r in sub], "o--", label=f"{pair} OFF")
         ax.plot(x, [r["median_ttft_on_ms"] for r in sub], "o-", label=f"{pair} ON")
+    levels = sorted({r["concurrency"] for r in rows})
     ax.set(xscale="log", xlabel="max concurrency", ylabel="median TTFT (ms)", title="Median TTFT, APC ON vs OFF")
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.minorticks_off()
     ax.legend(fontsize=8)
     path = apc.json_path.with_name("ttft.png")
     fig.tight_layout()
@@ -312,10 +393,6 @@ def plots(apc: ApcSession) -> list[str]:
 # -- the baseline gate -------------------------------------------------------------------------------------
 
 
-def _num(value: float) -> str:
-    return f"{value:,.0f}" if abs(value) >= 1000 or float(value).is_integer() else f"{value:,.4g}"
-
-
 def compare_baseline(apc: ApcSession, baseline_path: Path) -> list[str]:
     """Regressions against a stored results file, one message per row and metric."""
     try:
@@ -324,14 +401,14 @@ def compare_baseline(apc: ApcSession, baseline_path: Path) -> list[str]:
         return [f"cannot read baseline {baseline_path}: {err}"]
     if not old.get("pairs"):
         return [f"baseline {baseline_path} has no measured pairs to compare with (an incomplete run?)"]
-    old_rows = {(r["pair"], r["concurrency"], r.get("hash_algo")): r for r in old["pairs"]}
+    old_rows = {(r["pair"], r["concurrency"]): r for r in old["pairs"] if not r.get("hash_algo")}
     tolerances = apc.settings.baseline_tolerance
     failures = []
     rows = [r.numbers(apc.settings) for r in pair_rows(apc)]
     if not rows:
         return [f"nothing was measured to compare with baseline {baseline_path}"]
     for row in rows:
-        before = old_rows.get((row["pair"], row["concurrency"], row["hash_algo"]))
+        before = old_rows.get((row["pair"], row["concurrency"]))
         if before is None:
             apc.warnings.append(
                 f"baseline {baseline_path} has no row {row['pair']} c{row['concurrency']}: not compared"
@@ -398,11 +475,14 @@ class ControllerReporter:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.config.option.collectonly:
+            return  # nothing ran: no results to write
         apc = self.apc
         apc.load_store()
         apc.extra_json = {
             "environment": environment(apc),
             "pairs": [r.numbers(apc.settings) for r in pair_rows(apc)],
+            "hash_algos": [r.numbers(apc.settings) for r in algo_rows(apc)],
             "gate": {"baseline": apc.settings.baseline or None, "failures": self.gate},
         }
         apc.write_json()
@@ -417,4 +497,5 @@ class ControllerReporter:
         apc.write_json()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        terminal_summary(terminalreporter, self.apc, self.gate)
+        if not self.config.option.collectonly:
+            terminal_summary(terminalreporter, self.apc, self.gate)

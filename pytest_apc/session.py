@@ -591,7 +591,7 @@ class ApcSession:
         }
 
     def json_model(self) -> str:
-        return self._model or self.settings.model or "generated tiny model"
+        return self._model or self.settings.model or self.settings.model_label
 
     def write_json(self) -> None:
         self.json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -599,15 +599,16 @@ class ApcSession:
         tmp.write_text(redact(json.dumps(self.to_json(), indent=2, default=str)))
         os.replace(tmp, self.json_path)
 
-    def close(self) -> None:
-        """Stop whatever still runs (also on Ctrl-C / SIGTERM) and write the final results."""
+    def close(self, write: bool = True) -> None:
+        """Stop whatever still runs (also on Ctrl-C / SIGTERM) and write the final results (unless nothing
+        could have run, as with --collect-only)."""
         with contextlib.suppress(Exception):
             self._stop_active()
         if self._bench is not None:
             with contextlib.suppress(Exception):
                 self._bench.close()
             self._bench = None
-        if not self.is_worker:
+        if write and not self.is_worker:
             self.load_store()
             with contextlib.suppress(Exception):
                 self.write_json()

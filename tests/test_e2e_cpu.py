@@ -217,4 +217,13 @@ def test_hash_algorithms_cache_the_same_blocks(tmp_path) -> None:
     assert by_server == {"apc-on": "sha256", "apc-on-sha256_cbor": "sha256_cbor", "apc-on-xxhash": "xxhash"}
     hits = {r["id"]: r["prefix_cache_hits"] for r in data["runs"]}
     assert hits["D-c1"] == hits["D-c1-sha256_cbor"] == hits["D-c1-xxhash"] > 0
+    # The comparison table: each algorithm's run next to the default's, in the JSON and on the terminal.
+    rows = {(r["case"], r["hash_algo"]): r for r in data["hash_algos"]}
+    assert set(rows) == {(c, a) for c in "BDF" for a in ("sha256_cbor", "xxhash")}
+    for row in rows.values():
+        assert row["cached_tokens"] == row["default_cached_tokens"]
+        assert row["default_hash_algo"] == "sha256"
+        assert row["verdict"] == "PASS"
+    assert "hash algorithms vs the default (sha256)" in inner.output
+    assert "Hash algorithms against the default" in Path(data["files"]["markdown"]).read_text()
     assert not inner.leftovers()

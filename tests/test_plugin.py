@@ -75,3 +75,18 @@ def test_header_names_profile(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest("--cpu-node")
     result.stdout.fnmatch_lines(["apc: profile=cpu model=generated tiny model prompts=30 concurrency=8*"])
+
+
+def test_header_names_the_model_shape(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--gpu-node", "--apc-model-shape=llama-3.1-8b")
+    result.stdout.fnmatch_lines(["apc: profile=gpu model=generated llama-3.1-8b-shaped model (random weights) *"])
+
+
+def test_collect_only_writes_no_results(pytester: pytest.Pytester) -> None:
+    """Listing the tests measures nothing, so it leaves no results folder and prints no results path."""
+    pytester.makepyfile("def test_x(apc_run): pass")
+    result = pytester.runpytest("--cpu-node", "--collect-only", f"--apc-results-dir={pytester.path}/res")
+    assert result.ret == pytest.ExitCode.OK
+    assert not (pytester.path / "res").exists()
+    assert "results:" not in result.stdout.str()

@@ -1,0 +1,81 @@
+"""The report's rows: which verdicts colour which row, and how numbers read.
+
+Records are built by hand (as in test_verdict.py) so that a failing comparison can be placed exactly; the
+real-vLLM rows are checked in test_e2e_cpu.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+from pytest_apc import report, verdict
+from pytest_apc.cases import RunKey
+from tests.test_verdict import delta, off_delta, record, settings
+
+
+def _session(s, runs, verdicts=(), failed=()):
+    return SimpleNamespace(
+        settings=s, records={r.key: r for r in runs}, verdicts=list(verdicts), failed_runs=set(failed),
+        servers={}, errors={}, json_model=lambda: "tiny",
+    )  # fmt: skip
+
+
+def _algo_run(s, base, algo: str, ttft_ms: float, hits: int | None = None):
+    """``base`` measured again on the server of hash algorithm ``algo``."""
+    run = record(s, base.key.case, base.key.concurrency, delta(base.bench["total_input_tokens"],
+                 base.delta.prefix_cache_hits if hits is None else hits), ttft_ms)  # fmt: skip
+    server = dataclasses.replace(run.server, mode=f"apc-on-{algo}", prefix_caching_hash_algo=algo)
+    return dataclasses.replace(run, key=RunKey(base.key.case, base.key.concurrency, algo), server=server)
+
+
+def _judged(v: verdict.Verdict, test: str) -> dict:
+    return {**v.to_json(), "test": test, "outcome": "passed" if v.passed else "failed"}
+
+
+def test_number_format_reads_at_every_magnitude() -> None:
+    assert report._num(31224.8) == "31,225"  # no 3.122e+04
+    assert report._num(950736) == "950,736"
+    assert report._num(1.4944) == "1.49"
+    assert report._num(None) == "-"
+    assert report._num(True) == "yes"
+    assert report._num(0.478, ".1%") == "47.8%"
+
+
+def test_a_failed_algorithm_comparison_fails_its_row_not_the_default_pair(pytester) -> None:
+    s = settings(pytester)
+    off = record(s, "C", 8, off_delta(s, "C"), 120.0)
+    on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 40.0)
+    on.server.prefix_caching_hash_algo = "sha256"
+    short = _algo_run(s, on, "xxhash", 41.0, hits=on.delta.prefix_cache_hits - 128)
+    same = _algo_run(s, on, "sha256_cbor", 40.5)
+    verdicts = [
+        _judged(verdict.prefill_saved(verdict.Pair(off, on, s)), "test_pure[D-c8]"),
+        _judged(verdict.same_as_default(short, on, s), "test_same_as_default[D-c8-xxhash]"),
+        _judged(verdict.same_as_default(same, on, s), "test_same_as_default[D-c8-sha256_cbor]"),
+    ]
+    apc = _session(s, [off, on, short, same], verdicts)
+
+    pairs = {row.name: row.verdict for row in report.pair_rows(apc)}
+    assert pairs == {"C/D": "PASS"}  # judged by its own verdicts; the algorithms have their own table
+    algos = {row.run.key.id: row.numbers(s) for row in report.algo_rows(apc)}
+    assert algos["D-c8-xxhash"]["verdict"] == "FAIL"
+    assert algos["D-c8-xxhash"]["cached_tokens"] == algos["D-c8-xxhash"]["default_cached_tokens"] - 128
+    assert algos["D-c8-sha256_cbor"]["verdict"] == "PASS"
+    assert algos["D-c8-sha256_cbor"]["default_hash_algo"] == "sha256"
+    assert 0.9 < algos["D-c8-sha256_cbor"]["ttft_ratio"] < 1.1
+
+    table = report.algo_table(apc).splitlines()
+    assert any(line.startswith("D xxhash") and line.endswith("FAIL") for line in table)
+    assert any(line.startswith("D sha256_cbor") and line.endswith("PASS") for line in table)
+    summary = report.markdown(apc, gate=[])
+    algo_lines = [line for line in summary.splitlines() if line.startswith("| D ") and "| sha256 " in line]
+    assert [("xxhash" in line, line.split("|")[-2].strip()) for line in algo_lines] == [(False, "PASS"), (True, "FAIL")]
+
+
+def test_a_test_that_failed_before_its_verdict_fails_the_algorithm_row(pytester) -> None:
+    s = settings(pytester)
+    on = record(s, "D", 8, delta(1000, 512), 40.0)
+    algo = _algo_run(s, on, "xxhash", 40.0)
+    apc = _session(s, [on, algo], failed={"D-c8-xxhash"})
+    assert [row.verdict for row in report.algo_rows(apc)] == ["FAIL"]
+    assert report.pair_rows(apc) == []  # no OFF run: no pair row
