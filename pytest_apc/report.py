@@ -78,8 +78,8 @@ def record_properties(node: pytest.Item, record: RunRecord) -> None:
 
 
 def _num(value: Any, spec: str | None = None) -> str:
-    """One number for a table cell or a message: counts with thousands separators, milliseconds and other
-    quantities whole from 100 up, small ratios with two decimals; ``spec`` where a column needs its own."""
+    """One number for a table cell or a message: counts with thousands separators, other quantities whole
+    from 100 up and to three significant digits below; ``spec`` where a column needs its own."""
     if value is None:
         return "-"
     if spec is not None:
@@ -90,7 +90,7 @@ def _num(value: Any, spec: str | None = None) -> str:
         return "yes" if value else "no"
     if isinstance(value, int) or abs(value) >= 100:
         return f"{value:,.0f}"
-    return f"{value:,.2f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
 def _k(value: float | None) -> str:

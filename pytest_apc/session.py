@@ -121,6 +121,21 @@ class RunRecord:
     def duration_s(self) -> float:
         return float(np.mean([float(r.bench["duration"]) for r in self.repeats]))
 
+    def percentile_ms(self, metric: str, q: float) -> float | None:
+        """A percentile of the pooled per-request samples (``ttfts`` or ``latencies``) of every repeat,
+        computed as vLLM's bench computes its own (numpy percentile of the per-request values)."""
+        samples = self.samples_ms(metric)
+        return float(np.percentile(samples, q)) if samples.size else None
+
+    def per_second(self, total: str) -> float | None:
+        """A benchmark total (``total_input_tokens``, ``total_output_tokens``, ``completed``) per second,
+        summed over every repeat and divided by their summed durations."""
+        values: list[float] = [float(r.bench[total]) for r in self.repeats if r.bench.get(total) is not None]
+        seconds = float(np.sum([float(r.bench["duration"]) for r in self.repeats]))
+        if seconds <= 0 or len(values) < len(self.repeats):
+            return None
+        return float(np.sum(values)) / seconds
+
     @property
     def block_size(self) -> int | None:
         return self.server.block_size
@@ -133,6 +148,7 @@ class RunRecord:
         b = self.bench
         duration = self.duration_s
         d = self.delta
+        ttfts, e2els = self.samples_ms("ttfts").size, self.samples_ms("latencies").size
         return {
             "id": self.key.id,
             "case": self.key.case,
@@ -150,15 +166,17 @@ class RunRecord:
             "failed": b["failed"],
             "total_input_tokens": b["total_input_tokens"],
             "total_output_tokens": b.get("total_output_tokens"),
+            # Latencies and throughputs over every repeat (the first repeat's own numbers if the
+            # benchmark saved no per-request values).
             "median_ttft_ms": self.median_ms("ttfts"),
-            "mean_ttft_ms": b.get("mean_ttft_ms"),
-            "p99_ttft_ms": b.get("p99_ttft_ms"),
-            "median_tpot_ms": b.get("median_tpot_ms"),
-            "median_e2el_ms": b.get("median_e2el_ms"),
-            "p99_e2el_ms": b.get("p99_e2el_ms"),
-            "input_throughput": b["total_input_tokens"] / duration if duration > 0 else None,
-            "output_throughput": b.get("output_throughput"),
-            "request_throughput": b.get("request_throughput"),
+            "mean_ttft_ms": float(np.mean(self.samples_ms("ttfts"))) if ttfts else b.get("mean_ttft_ms"),
+            "p99_ttft_ms": self.percentile_ms("ttfts", 99) if ttfts else b.get("p99_ttft_ms"),
+            "median_tpot_ms": _median([r.bench.get("median_tpot_ms") for r in self.repeats]),
+            "median_e2el_ms": self.percentile_ms("latencies", 50) if e2els else b.get("median_e2el_ms"),
+            "p99_e2el_ms": self.percentile_ms("latencies", 99) if e2els else b.get("p99_e2el_ms"),
+            "input_throughput": self.per_second("total_input_tokens"),
+            "output_throughput": self.per_second("total_output_tokens"),
+            "request_throughput": self.per_second("completed"),
             "repeats": len(self.repeats),
             "ttfts_ms": [round(float(t), 3) for t in self.samples_ms("ttfts")],
             "prefix_cache_queries": d.prefix_cache_queries if d else None,
@@ -188,6 +206,11 @@ class RunRecord:
             ],
             "wall_s": self.wall_s,
         }
+
+
+def _median(values: list[Any]) -> float | None:
+    known = [float(v) for v in values if v is not None]
+    return float(np.median(known)) if known else None
 
 
 @dataclass

@@ -36,6 +36,7 @@ def test_number_format_reads_at_every_magnitude() -> None:
     assert report._num(31224.8) == "31,225"  # no 3.122e+04
     assert report._num(950736) == "950,736"
     assert report._num(1.4944) == "1.49"
+    assert report._num(47.404) == "47.4"
     assert report._num(None) == "-"
     assert report._num(True) == "yes"
     assert report._num(0.478, ".1%") == "47.8%"
@@ -79,3 +80,23 @@ def test_a_test_that_failed_before_its_verdict_fails_the_algorithm_row(pytester)
     apc = _session(s, [on, algo], failed={"D-c8-xxhash"})
     assert [row.verdict for row in report.algo_rows(apc)] == ["FAIL"]
     assert report.pair_rows(apc) == []  # no OFF run: no pair row
+
+
+def test_latencies_and_throughputs_cover_every_repeat(pytester) -> None:
+    """With --apc-repeats, the row's E2E latency and throughputs come from all repeats, not the first;
+    with one repeat they are vLLM's own numbers."""
+    s = settings(pytester)
+    run = record(s, "D", 8, delta(1000, 512), 40.0)
+    first = run.repeats[0]
+    first.bench.update(latencies=[0.1, 0.2, 0.3], duration=2.0, completed=3, total_output_tokens=30,
+                       median_e2el_ms=200.0, output_throughput=15.0)  # fmt: skip
+    one = run.to_json()
+    assert one["median_e2el_ms"] == first.bench["median_e2el_ms"]
+    assert one["output_throughput"] == first.bench["output_throughput"]
+
+    second = dataclasses.replace(first, bench={**first.bench, "latencies": [0.7, 0.8, 0.9], "duration": 4.0})
+    both = dataclasses.replace(run, repeats=[first, second]).to_json()
+    assert both["median_e2el_ms"] == 500.0  # median of 100, 200, 300, 700, 800, 900 ms
+    assert both["output_throughput"] == 60 / 6.0
+    assert both["request_throughput"] == 6 / 6.0
+    assert both["bench_duration_s"] == 3.0
