@@ -22,7 +22,7 @@ import pytest
 from pytest_apc import config as apc_config
 from pytest_apc import procs, redaction, report
 from pytest_apc.cases import CASE_APC, RunKey
-from pytest_apc.session import ApcSession, RunRecord
+from pytest_apc.session import ApcSession, MeasurementError, RunRecord
 from pytest_apc.verdict import Pair, Verdict
 
 SETTINGS_KEY = pytest.StashKey[apc_config.Settings]()
@@ -262,6 +262,14 @@ def apc_assert(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdict]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     rep = yield
+    apc = item.config.stash.get(SESSION_KEY, None)
+    if rep.failed and call.excinfo is not None and call.excinfo.errisinstance(MeasurementError):
+        rep.longrepr = str(call.excinfo.value)  # self-contained; the plugin's traceback adds nothing
+    if rep.failed and rep.when in ("setup", "call") and apc is not None and _keys_of(item):
+        keys = _keys_of(item)
+        if "apc_default_run" in getattr(item, "fixturenames", ()):
+            keys += [RunKey(k.case, k.concurrency) for k in keys]
+        rep.sections.extend(report.failure_sections(apc, keys))
     verdicts = item.stash.get(VERDICTS_KEY, [])
     if rep.when == "call" and verdicts:
         # Travels with the report to the xdist controller (plain data only).

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -23,11 +24,13 @@ import pytest_apc
 from pytest_apc.cases import CASE_PURPOSE, PAIRS, RunKey
 from pytest_apc.config import Settings, model_path_for_display
 from pytest_apc.redaction import redact
+from pytest_apc.server import ServerMode, tail
 from pytest_apc.session import ApcSession, RunRecord
 from pytest_apc.stats import ratio_of_medians
 from pytest_apc.verdict import Pair
 
 SCHEMA_PATH = Path(__file__).with_name("results.schema.json")
+FAILURE_LOG_LINES = 40
 RUN_ID = re.compile(r"\[([A-F]-c\d+(?:-[a-z0-9_]+)?)\]")
 
 
@@ -72,6 +75,28 @@ def record_properties(node: pytest.Item, record: RunRecord) -> None:
                  "hit_ratio", "bench_duration_s", "block_size"):  # fmt: skip
         node.user_properties.append((f"apc_{name}", row[name]))
     node.user_properties.append(("apc_server_log", record.server.log))
+
+
+def failure_sections(apc: ApcSession, keys: list[RunKey]) -> list[tuple[str, str]]:
+    """What a failed APC test shows below its message, whatever failed (a verdict, a measurement, missing
+    metrics): how to re-run each of its runs and start its servers, and the tail of each server's log."""
+    modes = list(dict.fromkeys(ServerMode(k.apc, k.hash_algo).name for k in keys))
+    commands = [f"{k.id}: {apc.records[k].bench_command}" for k in keys if k in apc.records]
+    commands += [
+        f"{mode} server: {shlex.join(apc.servers[mode].command)}"
+        for mode in modes
+        if mode in apc.servers and apc.servers[mode].command
+    ]
+    sections = [("apc: reproduce", redact("\n".join(commands)))] if commands else []
+    for mode in modes:
+        info = apc.servers.get(mode)
+        log = Path(info.log) if info is not None and info.log else apc.run_dir / f"server-{mode}.log"
+        if log.is_file():
+            sections.append((f"apc: last {FAILURE_LOG_LINES} lines of the {mode} server log {log}",
+                             tail(log, FAILURE_LOG_LINES)))  # fmt: skip
+        elif info is not None:
+            sections.append((f"apc: {mode} server log", f"not here: the server at {info.url} was started elsewhere"))
+    return sections
 
 
 # -- the validation table ------------------------------------------------------------------------------

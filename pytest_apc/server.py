@@ -64,6 +64,7 @@ class ServerInfo:
     max_model_len: int | None = None
     startup_s: float | None = None
     chat_header_tokens: int | None = None  # tokens the chat template puts before the user's text
+    chat_header_error: str | None = None  # why /tokenize could not measure them
     cache_config: dict[str, str] = field(default_factory=dict)
 
 

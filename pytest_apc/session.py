@@ -440,7 +440,10 @@ class ApcSession:
         try:
             info.chat_header_tokens = server.chat_header_tokens()
         except Exception as err:  # noqa: BLE001 - a server without /tokenize: predictions cannot be made
-            self.progress(f"{mode.name}: /tokenize failed ({err}); predictions will fail")
+            info.chat_header_error = f"/tokenize failed: {err}"
+            message = f"{mode.name}: {info.chat_header_error}; cached tokens cannot be predicted for its runs"
+            self.warnings.append(message)
+            self.progress(f"WARNING {message}")
         self.servers[mode.name] = info
         self.progress(
             f"{mode.name}: ready in {info.startup_s:.0f} s; block size {info.block_size}, "

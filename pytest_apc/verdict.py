@@ -112,9 +112,11 @@ def cached_tokens_match(run: RunRecord) -> Verdict:
     """Hits equal the prediction (N-1)*floor(S/B)*B within one block per request; the books balance."""
     p = run.prediction
     if p is None:
+        why = run.server.chat_header_error or "the server's cache_config_info or /tokenize was unavailable"
+        header = run.header_tokens if run.header_tokens >= 0 else "unknown"  # -1: not measured
         raise MeasurementError(
-            f"cannot predict the hits of run {run.key.id}: block size {run.block_size}, chat header tokens "
-            f"{run.header_tokens} (the server's cache_config_info or /tokenize was unavailable)"
+            f"cannot predict the hits of run {run.key.id}: block size {run.block_size or 'unknown'}, chat header "
+            f"tokens {header} ({why})"
         )
     lines, problems, numbers = [], [], {}
     for repeat, d in run.require_counters():

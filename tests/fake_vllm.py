@@ -34,6 +34,7 @@ Fault switches:
     --fake-children N           spawn N sleeper children (stand-ins for EngineCore / TP workers) in the
                                 same process group, logging "fake child pid=NNN"
     --fake-log-noise            print 100 noisy lines (blank, non-ASCII, invalid UTF-8) before the ready line
+    --fake-no-tokenize          POST /tokenize answers 404 (a server without the tokenizer endpoints)
 
 Without --fake-ignore-sigterm, SIGTERM prints "fake vLLM shutting down" and exits 0. The children are
 not reaped by the fake itself: like leaked EngineCore processes, they die only when their group is
@@ -289,6 +290,9 @@ class Handler(BaseHTTPRequestHandler):
         return body if self.check_model(body) else None
 
     def tokenize(self) -> None:
+        if self.server.args.fake_no_tokenize:
+            self.send_error_json(404, "Not Found", "NotFoundError")
+            return
         body = self.parse_body()
         if body is None:
             return
@@ -387,7 +391,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fake-children", type=int, default=0)
     for switch in ("crash-on-start", "never-ready", "hang", "fail-requests", "garbage-metrics"):
         p.add_argument(f"--fake-{switch}", action="store_true")
-    for switch in ("no-prefix-metrics", "wrong-mode", "ignore-sigterm", "log-noise"):
+    for switch in ("no-prefix-metrics", "wrong-mode", "ignore-sigterm", "log-noise", "no-tokenize"):
         p.add_argument(f"--fake-{switch}", action="store_true")
     args, _unknown = p.parse_known_args(argv)
     return args

@@ -103,6 +103,7 @@ def test_failed_requests_fail_the_run_with_rerun_command(suite, run_inner) -> No
     assert "re-run: " in inner.output
     assert "-m pytest_apc.bench" in inner.output
     assert "0.0x" not in inner.output
+    assert "apc: last 40 lines of the apc-on server log" in inner.output  # a live server's log too
 
 
 def test_missing_prefix_metrics_cannot_verify(suite, run_inner) -> None:
@@ -110,6 +111,28 @@ def test_missing_prefix_metrics_cannot_verify(suite, run_inner) -> None:
     assert inner.ret == 1
     assert "cannot verify the prefix cache of run C-c8" in inner.output
     assert "2 passed" in inner.output  # bench_clean still holds
+    # Below the failure: how to re-run the run and start its server, and the server log's tail.
+    failure = inner.output[inner.output.index("_ test_off[C-c8] _") :]
+    assert "apc: reproduce" in failure
+    assert "C-c8: " in failure
+    assert "-m pytest_apc.bench" in failure
+    assert "apc-off server: " in failure
+    assert "fake_vllm.py" in failure
+    assert "apc: last 40 lines of the apc-off server log" in failure
+
+
+def test_tokenize_failure_is_a_warning_and_names_itself_where_predictions_fail(tmp_path, run_inner) -> None:
+    (tmp_path / "test_hits.py").write_text(
+        "import pytest\nfrom pytest_apc import verdict\n\n"
+        "@pytest.mark.apc_cases('D')\ndef test_hits(apc_run, apc_assert):\n"
+        "    apc_assert(verdict.cached_tokens_match(apc_run))\n"
+    )
+    inner = run_inner(*fake_args("--fake-no-tokenize"))
+    assert inner.ret == 1
+    assert "WARNING apc-on: /tokenize failed: 404" in inner.output
+    assert "cannot predict the hits of run D-c8: block size 16, chat header tokens unknown (/tokenize failed: 404" in (
+        inner.output
+    )
 
 
 def test_server_death_fails_that_run_and_the_rest_fast(suite, run_inner) -> None:
