@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_apc.cases import RunKey
+from pytest_apc.cases import Prediction, RunKey
 from pytest_apc.config import Settings
 from pytest_apc.metrics import Delta
 from pytest_apc.session import MeasurementError, RunRecord
@@ -122,8 +122,10 @@ def cached_tokens_match(run: RunRecord) -> Verdict:
     for repeat, d in run.require_counters():
         tokens = int(repeat.bench["total_input_tokens"])
         hits, queries = int(d.prefix_cache_hits or 0), int(d.prefix_cache_queries or 0)
-        if abs(hits - p.expected_hits) > p.tolerance:
-            problems.append(f"hits {hits:,} are not within {p.tolerance:,} of the predicted {p.expected_hits:,}")
+        if hits < p.expected_hits - p.tolerance or hits > p.expected_hits + p.tolerance_above:
+            problems.append(f"hits {hits:,} are not within {_window(p)} of the predicted {p.expected_hits:,}")
+        if hits == 0 and p.expected_hits > 0:
+            problems.append("no cached tokens at all, where the prediction expects some")
         if queries != tokens:
             problems.append(f"queries {queries:,} != the benchmark's total input tokens {tokens:,}")
         if d.cached_tokens is not None and d.cached_tokens != hits:
@@ -135,18 +137,21 @@ def cached_tokens_match(run: RunRecord) -> Verdict:
             f"{(hits / queries if queries else 0):.1%}); predicted {p.expected_hits:,} = "
             f"({run.workload.num_prompts}-1) x floor({p.shared_prefix_tokens}/{p.block_size}) x {p.block_size} "
             f"(shared prefix S = {run.header_tokens} template + {run.workload.prefix_len} prefix tokens) "
-            f"+/- {p.tolerance:,}"
+            f"{_window(p)}"
         )
         numbers = {
             "hits": hits,
             "queries": queries,
             "expected_hits": p.expected_hits,
             "tolerance": p.tolerance,
+            "tolerance_above": p.tolerance_above,
             "computed_tokens": d.computed_tokens,
             "cached_tokens": d.cached_tokens,
         }
-        if hits < p.expected_hits - p.tolerance:
+        if hits < p.expected_hits - p.tolerance or (hits == 0 and p.expected_hits > 0):
             problems.append("diagnosis: " + diagnose_short_hits(run, d))
+        elif hits > p.expected_hits + p.tolerance_above:
+            problems.append("diagnosis: " + diagnose_extra_hits(run, hits))
     message = "\n".join(lines + [f"- {problem}" for problem in dict.fromkeys(problems)])
     return Verdict("cached_tokens_match", [run.key.id], not problems, message, numbers)
 
@@ -163,7 +168,7 @@ def prefill_saved(pair: Pair) -> Verdict:
     message = (
         f"{pair.id}: prefill computed OFF {_tokens(computed_off)} tokens, ON {_tokens(computed_on)} tokens: "
         f"{ratio or 0:.2f}x less work (bound from the workload {p.prefill_bound:.2f}x, "
-        f"predicted ON {p.computed_tokens_on:,} +/- {p.tolerance:,})"
+        f"predicted ON {p.computed_tokens_on:,}, at most {p.tolerance:,} more)"
     )
     if not ok:
         message += "\ndiagnosis: " + diagnose_short_hits(pair.on, on)
@@ -323,6 +328,29 @@ def diagnose_no_gain(pair: Pair) -> str:
     return (
         f"the cache hit as predicted ({hits if hits is not None else '?'} tokens), so the prefill it saves is a "
         "small share of TTFT here: queueing at this concurrency, a decode-bound or tiny workload, or APC overhead"
+    )
+
+
+def _window(p: Prediction) -> str:
+    if p.tolerance == p.tolerance_above:
+        return f"+/- {p.tolerance:,}"
+    return f"-{p.tolerance:,}/+{p.tolerance_above:,}"
+
+
+def diagnose_extra_hits(run: RunRecord, hits: int) -> str:
+    """More hits than a cold cache can give: what was cached before the run."""
+    p = run.prediction
+    assert p is not None
+    per_request = p.shared_blocks * p.block_size
+    if per_request and hits >= p.expected_hits + per_request - p.tolerance:
+        return (
+            f"the cache was warm: {hits:,} is about N x {per_request:,} (every request hit the prefix, the first "
+            f"one too), as when the prefix cache was not reset before the run or an offloaded KV tier (e.g. "
+            f"--kv-transfer-config) kept the prefix; check the reset lines of the run and the server's arguments"
+        )
+    return (
+        "the prompts shared more than the predicted prefix: check the dataset arguments (prefix and suffix "
+        "lengths, number of prefixes) against the workload"
     )
 
 

@@ -35,6 +35,8 @@ Fault switches:
                                 same process group, logging "fake child pid=NNN"
     --fake-log-noise            print 100 noisy lines (blank, non-ASCII, invalid UTF-8) before the ready line
     --fake-no-tokenize          POST /tokenize answers 404 (a server without the tokenizer endpoints)
+    --fake-external-tier        a KV offload tier: vllm:external_prefix_cache_hits_total exists, and a reset
+                                without ?reset_external=true leaves the cached prefixes in place
 
 Without --fake-ignore-sigterm, SIGTERM prints "fake vLLM shutting down" and exits 0. The children are
 not reaped by the fake itself: like leaked EngineCore processes, they die only when their group is
@@ -71,6 +73,7 @@ METRIC_FAMILIES = [  # (name without the "vllm:" prefix, type, help) in vLLM's r
     ("prompt_tokens_total", "counter", "Number of prefill tokens processed."),
     ("prompt_tokens_by_source_total", "counter", "Number of prompt tokens by source."),
     ("generation_tokens_total", "counter", "Number of generation tokens processed."),
+    ("external_prefix_cache_hits_total", "counter", "External prefix cache hits from KV connector."),
 ]
 
 
@@ -101,9 +104,10 @@ def chat_tokens(messages: list[Any]) -> list[int]:
 class Engine:
     """Counters and the prefix-cache model; every method takes the lock (the server is threaded)."""
 
-    def __init__(self, prefix_caching: bool, block_size: int) -> None:
+    def __init__(self, prefix_caching: bool, block_size: int, external_tier: bool = False) -> None:
         self.prefix_caching = prefix_caching
         self.block_size = block_size
+        self.external_tier = external_tier
         self.lock = threading.Lock()
         self.blocks: set[int] = set()
         self.queries = self.hits = self.prompt_tokens = self.generation_tokens = 0
@@ -141,9 +145,11 @@ class Engine:
             self.running_tokens -= prompt_len
             self.generation_tokens += completion_tokens
 
-    def reset(self) -> None:
+    def reset(self, external: bool) -> None:
+        """Like vLLM: an offload tier keeps the prefixes unless reset_external=true (they come back as hits)."""
         with self.lock:
-            self.blocks.clear()
+            if external or not self.external_tier:
+                self.blocks.clear()
 
     def metrics(self, name: str, report_caching: bool, prefix_metrics: bool) -> str:
         """Render Prometheus text format 0.0.4, the way prometheus_client does for vLLM."""
@@ -166,6 +172,7 @@ class Engine:
                 "prompt_tokens_total": [(lab, self.prompt_tokens)],
                 "prompt_tokens_by_source_total": by_source,
                 "generation_tokens_total": [(lab, self.generation_tokens)],
+                "external_prefix_cache_hits_total": [(lab, 0)] if self.external_tier else [],
             }
         out: list[str] = []
         for metric, kind, doc in METRIC_FAMILIES:
@@ -268,7 +275,8 @@ class Handler(BaseHTTPRequestHandler):
         running = query.get("reset_running_requests", ["false"])[-1].lower() in ("true", "1", "yes", "on")
         success = mode == "ok" or (mode == "false-then-ok" and running)
         if success:
-            self.server.engine.reset()
+            external = query.get("reset_external", ["false"])[-1].lower() in ("true", "1", "yes", "on")
+            self.server.engine.reset(external)
         self.send_json(200, {"success": success})
 
     def check_model(self, body: dict[str, Any]) -> bool:
@@ -391,7 +399,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fake-children", type=int, default=0)
     for switch in ("crash-on-start", "never-ready", "hang", "fail-requests", "garbage-metrics"):
         p.add_argument(f"--fake-{switch}", action="store_true")
-    for switch in ("no-prefix-metrics", "wrong-mode", "ignore-sigterm", "log-noise", "no-tokenize"):
+    for switch in ("no-prefix-metrics", "wrong-mode", "ignore-sigterm", "log-noise", "no-tokenize", "external-tier"):
         p.add_argument(f"--fake-{switch}", action="store_true")
     args, _unknown = p.parse_known_args(argv)
     return args
@@ -442,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(EngineCore pid={PID}) INFO [kv_cache_utils.py:1] CPU KV cache size: {KV_CACHE_TOKENS:,} tokens, "
         f"Maximum concurrency for {args.max_model_len:,} tokens per request: {per_request:.2f}x"
     )
-    server = FakeServer((args.host, args.port), args, Engine(args.enable_prefix_caching, args.block_size))
+    engine = Engine(args.enable_prefix_caching, args.block_size, args.fake_external_tier)
+    server = FakeServer((args.host, args.port), args, engine)
     log(f"INFO Starting vLLM server on http://{args.host}:{server.server_address[1]}")
     log("INFO:     Application startup complete.")
     try:

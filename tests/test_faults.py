@@ -135,6 +135,23 @@ def test_tokenize_failure_is_a_warning_and_names_itself_where_predictions_fail(t
     )
 
 
+def test_an_offload_tier_is_reset_too(tmp_path, run_inner) -> None:
+    """A server with a KV offload tier keeps prefixes through a plain reset (vllm#57727): the plugin
+    asks for reset_external, so D at 1 and 2 (same prefix, one after the other) both start cold and
+    hit alike (a tier left warm gives the second run one more request's share)."""
+    (tmp_path / "test_hits.py").write_text(
+        "import pytest\nfrom pytest_apc import verdict\n\n"
+        "@pytest.mark.apc_cases('D', sweep=True)\ndef test_hits(apc_run, apc_assert):\n"
+        "    apc_assert(verdict.bench_clean(apc_run))\n"
+    )
+    inner = run_inner(*fake_args("--fake-external-tier"), "--apc-sweep-concurrency=1,2")
+    assert inner.ret == 0, inner.output
+    runs = json.loads(next(tmp_path.glob("apc-results/*/results.json")).read_text())["runs"]
+    reset = "POST /reset_prefix_cache?reset_external=true -> HTTP 200 {'success': True}"
+    assert [r["reset"] for r in runs] == [reset, reset]
+    assert runs[0]["prefix_cache_hits"] == runs[1]["prefix_cache_hits"] > 0
+
+
 def test_server_death_fails_that_run_and_the_rest_fast(suite, run_inner) -> None:
     inner = run_inner(*fake_args("--fake-die-after-requests", "2"))
     assert inner.ret == 1

@@ -197,3 +197,33 @@ def test_same_as_default_fails_on_other_hits_and_slowness(pytester) -> None:
     assert "median TTFT is slower than the default by at least" in v.message
     assert "the run took 100% longer than with the default (tolerance 10%)" in v.message
     assert verdict.same_as_default(default, default, s).passed
+
+
+def test_a_warm_cache_is_too_many_hits(pytester) -> None:
+    """N x the shared prefix instead of (N-1) x: every request hit, the first one too. At CPU scale one
+    request's share (2,048) is less than one block per request (3,712), so only the asymmetric window
+    catches it."""
+    s = settings(pytester)
+    tokens = int(record(s, "D", 8, None, 40.0).bench["total_input_tokens"])
+    cold = record(s, "D", 8, delta(tokens, 59392), 40.0)
+    assert cold.prediction.tolerance_above == 1024  # half of one request's 16 shared blocks of 128
+    assert verdict.cached_tokens_match(cold).passed
+    warm = record(s, "D", 8, delta(tokens, 59392 + 2048), 40.0)
+    v = verdict.cached_tokens_match(warm)
+    assert not v.passed
+    assert "hits 61,440 are not within -3,712/+1,024 of the predicted 59,392" in v.message
+    assert "diagnosis: the cache was warm: 61,440 is about N x 2,048" in v.message
+    chance = record(s, "D", 8, delta(tokens, 59392 + 128), 40.0)  # one suffix block shared by chance
+    assert verdict.cached_tokens_match(chance).passed
+
+
+def test_no_hits_fail_even_within_one_block_per_request(pytester) -> None:
+    """With one shared block per request, the lower tolerance equals the whole prediction: zero must still fail."""
+    s = settings(pytester)
+    tokens = int(record(s, "D", 8, None, 40.0).bench["total_input_tokens"])
+    on = record(s, "D", 8, delta(tokens, 0), 40.0, block_size=2048)
+    assert on.prediction.expected_hits == on.prediction.tolerance == 29 * 2048
+    v = verdict.cached_tokens_match(on)
+    assert not v.passed
+    assert "no cached tokens at all, where the prediction expects some" in v.message
+    assert "diagnosis:" in v.message
