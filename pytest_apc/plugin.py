@@ -23,7 +23,7 @@ from pytest_apc import config as apc_config
 from pytest_apc import procs, redaction, report
 from pytest_apc.cases import CASE_APC, RunKey
 from pytest_apc.session import ApcSession, MeasurementError, RunRecord
-from pytest_apc.verdict import Pair, Verdict
+from pytest_apc.verdict import Pair, Verdict, not_comparable
 
 SETTINGS_KEY = pytest.StashKey[apc_config.Settings]()
 SESSION_KEY = pytest.StashKey[ApcSession]()
@@ -233,7 +233,9 @@ def apc_run(request: pytest.FixtureRequest, apc_session: ApcSession) -> RunRecor
 @pytest.fixture
 def apc_default_run(apc_run: RunRecord, apc_session: ApcSession) -> RunRecord:
     """For a run with a hash algorithm (``D-c8-xxhash``): the same case on the default APC-on server."""
-    return apc_session.get(RunKey(apc_run.key.case, apc_run.key.concurrency))
+    default = apc_session.get(RunKey(apc_run.key.case, apc_run.key.concurrency))
+    _require_comparable(default, apc_run)
+    return default
 
 
 @pytest.fixture
@@ -241,9 +243,19 @@ def apc_pair(request: pytest.FixtureRequest, apc_session: ApcSession) -> Pair:
     """The OFF and ON run of one pair at one concurrency (parametrize with the ON case, e.g. ``D-c8``)."""
     off_key, on_key = RunKey.parse(request.param).pair()
     off, on = apc_session.get(off_key), apc_session.get(on_key)
+    _require_comparable(off, on)
     pair = Pair(off=off, on=on, settings=apc_session.settings, runs=apc_session.records)
     report.record_properties(request.node, pair.on)
     return pair
+
+
+def _require_comparable(a: RunRecord, b: RunRecord) -> None:
+    problems = not_comparable(a, b)
+    if problems:
+        raise MeasurementError(
+            f"runs {a.key.id} and {b.key.id} cannot be compared, so no verdict on them can be trusted:"
+            + "".join(f"\n- {p}" for p in problems)
+        )
 
 
 @pytest.fixture

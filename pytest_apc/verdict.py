@@ -76,6 +76,26 @@ class Pair:
         return prefill_speedup_bound(cost, prompt_len, cached)
 
 
+def not_comparable(a: RunRecord, b: RunRecord) -> list[str]:
+    """Why two runs that a verdict compares (OFF/ON, default/algorithm) do not measure the same thing:
+    other prompts, or servers that differ in more than their APC setting (e.g. --apc-url-on/off
+    pointing at different deployments)."""
+    problems = []
+    tokens_a = [int(r.bench["total_input_tokens"]) for r in a.repeats]
+    tokens_b = [int(r.bench["total_input_tokens"]) for r in b.repeats]
+    if tokens_a != tokens_b:
+        problems.append(f"the benchmark sent other prompts: total input tokens {tokens_a} vs {tokens_b}")
+    for label, value_a, value_b in (
+        ("vLLM version", a.server.version, b.server.version),
+        ("block size", a.server.block_size, b.server.block_size),
+        ("max model length", a.server.max_model_len, b.server.max_model_len),
+        ("chat template header tokens", a.server.chat_header_tokens, b.server.chat_header_tokens),
+    ):
+        if value_a is not None and value_b is not None and value_a != value_b:
+            problems.append(f"{label} {value_a} on {a.server.mode} vs {value_b} on {b.server.mode}")
+    return problems
+
+
 def bench_clean(run: RunRecord) -> Verdict:
     """Every request of every repeat completed (the benchmark's exit code says nothing about this)."""
     bad = [r for r in run.repeats if int(r.bench["completed"]) != run.workload.num_prompts or int(r.bench["failed"])]

@@ -226,6 +226,25 @@ def test_external_servers_are_validated_and_never_stopped(suite, run_inner) -> N
         off.kill()
 
 
+def test_external_servers_that_differ_beyond_apc_cannot_be_compared(tmp_path, run_inner) -> None:
+    """--apc-url-on/off at two different deployments: the pair is refused, not judged."""
+    (tmp_path / "test_pair.py").write_text(
+        "import pytest\nfrom pytest_apc import verdict\n\n"
+        "@pytest.mark.apc_cases('D')\ndef test_saved(apc_pair, apc_assert):\n"
+        "    apc_assert(verdict.prefill_saved(apc_pair))\n"
+    )
+    on, on_url = _start_fake(tmp_path, "--enable-prefix-caching")
+    off, off_url = _start_fake(tmp_path, "--no-enable-prefix-caching", "--max-model-len", "50000")
+    try:
+        inner = run_inner(*fake_args(), f"--apc-url-on={on_url}", f"--apc-url-off={off_url}")
+        assert inner.ret == 1
+        assert "runs C-c8 and D-c8 cannot be compared, so no verdict on them can be trusted:" in inner.output
+        assert "- max model length 50000 on apc-off vs 100000 on apc-on" in inner.output
+    finally:
+        on.kill()
+        off.kill()
+
+
 def test_external_server_in_the_wrong_mode_is_refused(suite, run_inner) -> None:
     off, off_url = _start_fake(suite, "--enable-prefix-caching")  # claims to be the OFF server but is on
     try:

@@ -227,3 +227,15 @@ def test_no_hits_fail_even_within_one_block_per_request(pytester) -> None:
     assert not v.passed
     assert "no cached tokens at all, where the prediction expects some" in v.message
     assert "diagnosis:" in v.message
+
+
+def test_runs_with_other_prompts_or_servers_are_not_comparable(pytester) -> None:
+    s = settings(pytester)
+    off = record(s, "C", 8, off_delta(s, "C"), 120.0)
+    on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), 59392), 40.0)
+    assert verdict.not_comparable(off, on) == []
+    on.repeats[0].bench["total_input_tokens"] += 5
+    on.server.version, off.server.version = "0.32.0", "0.26.0"
+    problems = verdict.not_comparable(off, on)
+    assert problems[0].startswith("the benchmark sent other prompts: total input tokens [64140] vs [64145]")
+    assert problems[1] == "vLLM version 0.26.0 on apc-off vs 0.32.0 on apc-on"
