@@ -158,6 +158,19 @@ def test_min_bound_fraction_gate(pytester) -> None:
     assert "below 50% of the way to the bound" in v.message
 
 
+def test_gpu_profile_fails_a_significant_but_negligible_gain(pytester) -> None:
+    from pytest_apc import config
+
+    s = config.resolve(pytester.parseconfig("--gpu-node", "--apc-model-shape=llama-3.1-8b"), environ={})
+    assert s.min_bound_fraction == 0.1
+    off = record(s, "C", 8, delta(0, 0), 100.0)
+    on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 90.0)
+    v = verdict.ttft_gain(verdict.Pair(off, on, s))
+    assert v.numbers["ttft_speedup_low"] > 1.0  # significant
+    assert not v.passed  # but 1.1x of a bound above 100x is nothing
+    assert "below 10% of the way to the bound" in v.message
+
+
 def test_missing_counters_cannot_verify(pytester) -> None:
     s = settings(pytester)
     on = record(s, "D", 8, Delta(None, None, 10, None, None, None, None, {}), 40.0)
