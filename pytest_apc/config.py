@@ -138,10 +138,13 @@ def _model_shape(text: str) -> str:
     return text
 
 
-def _kv_check(text: str) -> str:
-    if text not in ("warn", "fail"):
-        raise ValueError("must be warn or fail")
-    return text
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"must be {' or '.join(choices)}")
+        return text
+
+    return parse
 
 
 def _args(text: str) -> tuple[str, ...]:
@@ -184,6 +187,15 @@ SPECS: tuple[Spec, ...] = (
         "cpu (vLLM's CPU build with a generated tiny model, lengths scaled down). --gpu-node and --cpu-node "
         "are shorthands. Without a profile every APC test is skipped",
         "gpu|cpu",
+    ),
+    Spec(
+        "without_profile",
+        _one_of("skip", "fail"),
+        "skip",
+        "What the selected APC tests do when no profile is given: skip, or fail the run (exit code 4) so that "
+        "a release pipeline that lost --gpu-node goes red instead of green; set it in the pipeline's ini "
+        "file or environment",
+        "skip|fail",
     ),
     Spec(
         "model",
@@ -255,7 +267,7 @@ SPECS: tuple[Spec, ...] = (
     ),
     Spec(
         "kv_check",
-        _kv_check,
+        _one_of("warn", "fail"),
         "warn",
         "When concurrency x prompt blocks exceeds the server's KV-cache blocks: warn (a warning and a line in "
         "the results) or fail (the affected runs fail before measuring)",

@@ -195,6 +195,13 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 @pytest.hookimpl(trylast=True)  # after -m / -k deselection: plan only what will run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     session = config.stash.get(SESSION_KEY, None)
+    settings = config.stash.get(SETTINGS_KEY, None)
+    selected = [item.nodeid for item in items if item.get_closest_marker("apc") is not None]
+    if session is None and selected and settings is not None and settings.without_profile == "fail":
+        raise pytest.UsageError(
+            f"{len(selected)} APC tests are selected but no profile was given, and "
+            f"apc_without_profile=fail ({settings.sources.get('without_profile')}): {SKIP_REASON}"
+        )
     skip = pytest.mark.skip(reason=SKIP_REASON)
     for item in items:
         if item.get_closest_marker("apc") is None:

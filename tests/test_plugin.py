@@ -52,6 +52,20 @@ def test_without_profile_apc_tests_skip_naming_both_flags(pytester: pytest.Pytes
     result.stdout.fnmatch_lines(["*SKIPPED*--gpu-node*--cpu-node*"])
 
 
+def test_a_pipeline_can_require_a_profile(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release gate that lost --gpu-node must go red: with apc_without_profile=fail it is a usage error
+    when APC tests are selected, and nothing changes for a run that selects none."""
+    pytester.makepyfile(SUITE.replace("pytestmark = pytest.mark.apc", ""))
+    monkeypatch.setenv("PYTEST_APC_WITHOUT_PROFILE", "fail")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*2 APC tests are selected but no profile was given, and apc_without_profile=fail (environment "
+         "variable PYTEST_APC_WITHOUT_PROFILE)*--gpu-node*"]
+    )  # fmt: skip
+    assert pytester.runpytest("-k", "plain").ret == pytest.ExitCode.OK
+
+
 def test_ids_read_like_the_matrix(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(SUITE)
     result = pytester.runpytest("--collect-only", "-q", "--apc-concurrency=4")
