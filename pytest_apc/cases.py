@@ -128,7 +128,7 @@ class Prediction:
 
     expected_hits: int
     tolerance: int  # how far below the prediction hits may fall
-    tolerance_above: int  # how far above: never a whole request's share (a cache that was not reset)
+    tolerance_above: int  # how far above: under half a request's share where it spans 2+ blocks (a warm cache)
     shared_prefix_tokens: int  # S: the prefix as the server sees it (template header included)
     block_size: int
     shared_blocks: int  # floor(S / B)

@@ -185,6 +185,14 @@ def _keys_of(item: pytest.Item) -> list[RunKey]:
     return keys
 
 
+def _runs_of(item: pytest.Item) -> list[RunKey]:
+    """Every run a test uses: its own, and for ``apc_default_run`` the same case on the default server."""
+    keys = _keys_of(item)
+    if "apc_default_run" in getattr(item, "fixturenames", ()):
+        keys += [RunKey(k.case, k.concurrency) for k in keys]
+    return list(dict.fromkeys(keys))
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Every test that uses APC measurements is an ``apc`` test, marked or not (before -m selects)."""
     uses_apc = bool(_keys_of(item)) or "apc_session" in getattr(item, "fixturenames", ())
@@ -209,9 +217,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if session is None:
             item.add_marker(skip)
         elif item.get_closest_marker("skip") is None:
-            session.plan(_keys_of(item))
-            if "apc_default_run" in getattr(item, "fixturenames", ()):
-                session.plan([RunKey(k.case, k.concurrency) for k in _keys_of(item)])
+            session.plan(_runs_of(item))
 
 
 @pytest.fixture(scope="session")
@@ -284,11 +290,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     apc = item.config.stash.get(SESSION_KEY, None)
     if rep.failed and call.excinfo is not None and call.excinfo.errisinstance(MeasurementError):
         rep.longrepr = str(call.excinfo.value)  # self-contained; the plugin's traceback adds nothing
-    if rep.failed and rep.when in ("setup", "call") and apc is not None and _keys_of(item):
-        keys = _keys_of(item)
-        if "apc_default_run" in getattr(item, "fixturenames", ()):
-            keys += [RunKey(k.case, k.concurrency) for k in keys]
-        rep.sections.extend(report.failure_sections(apc, keys))
+    if rep.failed and rep.when in ("setup", "call") and apc is not None and _runs_of(item):
+        rep.sections.extend(report.failure_sections(apc, _runs_of(item)))
     verdicts = item.stash.get(VERDICTS_KEY, [])
     if rep.when == "call" and verdicts:
         # Travels with the report to the xdist controller (plain data only).

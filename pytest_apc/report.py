@@ -26,7 +26,7 @@ from pytest_apc.config import Settings, model_path_for_display
 from pytest_apc.redaction import redact
 from pytest_apc.server import ServerMode, tail
 from pytest_apc.session import ApcSession, RunRecord
-from pytest_apc.stats import ratio_of_medians
+from pytest_apc.stats import Interval, ratio_of_medians
 from pytest_apc.verdict import Pair
 
 SCHEMA_PATH = Path(__file__).with_name("results.schema.json")
@@ -82,11 +82,12 @@ def failure_sections(apc: ApcSession, keys: list[RunKey]) -> list[tuple[str, str
     metrics): how to re-run each of its runs and start its servers, and the tail of each server's log."""
     modes = list(dict.fromkeys(ServerMode(k.apc, k.hash_algo).name for k in keys))
     commands = [f"{k.id}: {apc.records[k].bench_command}" for k in keys if k in apc.records]
-    commands += [
-        f"{mode} server: {shlex.join(apc.servers[mode].command)}"
-        for mode in modes
-        if mode in apc.servers and apc.servers[mode].command
-    ]
+    for mode in modes:
+        info = apc.servers.get(mode)
+        if info is not None and info.command[:1] == ["(external)"]:
+            commands.append(f"{mode} server: not started by pytest-apc; it runs at {info.url}")
+        elif info is not None and info.command:
+            commands.append(f"{mode} server: {shlex.join(info.command)}")
     sections = [("apc: reproduce", redact("\n".join(commands)))] if commands else []
     for mode in modes:
         info = apc.servers.get(mode)
@@ -95,7 +96,7 @@ def failure_sections(apc: ApcSession, keys: list[RunKey]) -> list[tuple[str, str
             sections.append((f"apc: last {FAILURE_LOG_LINES} lines of the {mode} server log {log}",
                              tail(log, FAILURE_LOG_LINES)))  # fmt: skip
         elif info is not None:
-            sections.append((f"apc: {mode} server log", f"not here: the server at {info.url} was started elsewhere"))
+            sections.append((f"apc: {mode} server log", f"no log file at {log}"))
     return sections
 
 
@@ -201,15 +202,21 @@ class AlgoRow:
     verdict: str
 
     def numbers(self, settings: Settings) -> dict[str, Any]:
-        ratio = ratio_of_medians(self.run.samples_ms(), self.default.samples_ms(),
-                                 samples=settings.bootstrap_samples, confidence=settings.confidence)  # fmt: skip
+        try:
+            ratio: Interval | None = ratio_of_medians(
+                self.run.samples_ms(), self.default.samples_ms(),
+                samples=settings.bootstrap_samples, confidence=settings.confidence,
+            )  # fmt: skip
+        except ValueError:  # no per-request samples: the row shows "-"
+            ratio = None
         return {
             "case": self.run.key.case, "concurrency": self.run.key.concurrency,
             "hash_algo": self.run.key.hash_algo, "default_hash_algo": self.default.server.prefix_caching_hash_algo,
             "cached_tokens": self.run.to_json()["prefix_cache_hits"],
             "default_cached_tokens": self.default.to_json()["prefix_cache_hits"],
             "median_ttft_default_ms": self.default.median_ms(), "median_ttft_ms": self.run.median_ms(),
-            "ttft_ratio": ratio.estimate, "ttft_ratio_low": ratio.low, "ttft_ratio_high": ratio.high,
+            "ttft_ratio": ratio and ratio.estimate, "ttft_ratio_low": ratio and ratio.low,
+            "ttft_ratio_high": ratio and ratio.high,
             "duration_default_s": self.default.duration_s, "duration_s": self.run.duration_s,
             "verdict": self.verdict,
         }  # fmt: skip
@@ -292,7 +299,7 @@ def terminal_summary(tr: Any, apc: ApcSession, gate: list[str]) -> None:
     if pair_rows(apc):
         tr.write_line(table(apc, verbose=tr.config.get_verbosity() > 0))
     if algo_rows(apc):
-        default = algo_rows(apc)[0].default.server.prefix_caching_hash_algo
+        default = algo_rows(apc)[0].default.server.prefix_caching_hash_algo or "not reported"
         tr.write_line(f"hash algorithms vs the default ({default}): cached tokens must be equal")
         tr.write_line(algo_table(apc))
     for key, error in sorted(apc.errors.items()):
@@ -491,6 +498,8 @@ class ControllerReporter:
     def pytest_runtestloop(self, session: pytest.Session) -> Any:
         # The gate must change testsfailed before pytest_sessionfinish computes the exit status.
         result = yield
+        if self.config.option.collectonly:
+            return result  # nothing was measured, so there is nothing to gate
         self.apc.load_store()
         if self.apc.settings.baseline:
             self.gate = compare_baseline(self.apc, Path(self.apc.settings.baseline))

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import requests
 
@@ -327,16 +328,15 @@ class VllmServer:
     def reset_prefix_cache(self, attempts: int = 5) -> str:
         """Reset and require ``{"success": true}``; escalate to ``reset_running_requests``. Returns how."""
         self.check_alive("before the prefix-cache reset")
-        # A KV connector or offload tier (its counters exist only then) keeps prefixes through a plain
-        # reset (VLLM-FACTS.md section 4, vllm#57727): reset it too. Without one, vLLM logs a warning.
-        external = {"reset_external": "true"} if self.scrape().counter("external_prefix_cache_hits") is not None else {}
+        # reset_external: a KV connector or offload tier keeps prefixes through a plain reset (VLLM-FACTS.md
+        # section 4, vllm#57727); without one vLLM treats it as a no-op, and versions before it ignore it.
         tried: list[str] = []
         for attempt in range(attempts):
-            params = {**external, **({"reset_running_requests": "true"} if attempt == attempts - 1 else {})}
+            params = {"reset_external": "true"}
+            if attempt == attempts - 1:
+                params["reset_running_requests"] = "true"
             response = self.http.post(f"{self.url}/reset_prefix_cache", params=params, timeout=30)
-            label = "POST /reset_prefix_cache" + (
-                "?" + "&".join(f"{k}={v}" for k, v in params.items()) if params else ""
-            )
+            label = f"POST /reset_prefix_cache?{urlencode(params)}"
             if response.status_code == 404:
                 raise self._failure(
                     "has no /reset_prefix_cache (HTTP 404): it must run with VLLM_SERVER_DEV_MODE=1, "

@@ -35,8 +35,8 @@ Fault switches:
                                 same process group, logging "fake child pid=NNN"
     --fake-log-noise            print 100 noisy lines (blank, non-ASCII, invalid UTF-8) before the ready line
     --fake-no-tokenize          POST /tokenize answers 404 (a server without the tokenizer endpoints)
-    --fake-external-tier        a KV offload tier: vllm:external_prefix_cache_hits_total exists, and a reset
-                                without ?reset_external=true leaves the cached prefixes in place
+    --fake-external-tier        a KV offload tier: a reset without ?reset_external=true leaves the cached
+                                prefixes in place
 
 Without --fake-ignore-sigterm, SIGTERM prints "fake vLLM shutting down" and exits 0. The children are
 not reaped by the fake itself: like leaked EngineCore processes, they die only when their group is
@@ -172,7 +172,7 @@ class Engine:
                 "prompt_tokens_total": [(lab, self.prompt_tokens)],
                 "prompt_tokens_by_source_total": by_source,
                 "generation_tokens_total": [(lab, self.generation_tokens)],
-                "external_prefix_cache_hits_total": [(lab, 0)] if self.external_tier else [],
+                "external_prefix_cache_hits_total": [(lab, 0)],  # vLLM exports it with or without a connector
             }
         out: list[str] = []
         for metric, kind, doc in METRIC_FAMILIES:

@@ -102,5 +102,9 @@ def test_collect_only_writes_no_results(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x(apc_run): pass")
     result = pytester.runpytest("--cpu-node", "--collect-only", f"--apc-results-dir={pytester.path}/res")
     assert result.ret == pytest.ExitCode.OK
+    baseline = pytester.path / "baseline.json"
+    baseline.write_text('{"pairs": []}')
+    gated = pytester.runpytest("--cpu-node", "--collect-only", f"--apc-baseline={baseline}")
+    assert gated.ret == pytest.ExitCode.OK  # nothing measured, nothing gated
     assert not (pytester.path / "res").exists()
     assert "results:" not in result.stdout.str()

@@ -100,3 +100,13 @@ def test_latencies_and_throughputs_cover_every_repeat(pytester) -> None:
     assert both["output_throughput"] == 60 / 6.0
     assert both["request_throughput"] == 6 / 6.0
     assert both["bench_duration_s"] == 3.0
+
+
+def test_an_algorithm_row_without_per_request_samples_shows_dashes(pytester) -> None:
+    s = settings(pytester)
+    on = record(s, "D", 8, delta(1000, 512), 40.0)
+    algo = _algo_run(s, on, "xxhash", 40.0)
+    algo.repeats[0].bench["ttfts"] = []
+    row = report.algo_rows(_session(s, [on, algo]))[0].numbers(s)
+    assert row["ttft_ratio"] is None
+    assert "-x [-,-]" in report.algo_table(_session(s, [on, algo]))

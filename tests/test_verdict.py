@@ -228,6 +228,9 @@ def test_a_warm_cache_is_too_many_hits(pytester) -> None:
     assert "diagnosis: the cache was warm: 61,440 is about N x 2,048" in v.message
     chance = record(s, "D", 8, delta(tokens, 59392 + 128), 40.0)  # one suffix block shared by chance
     assert verdict.cached_tokens_match(chance).passed
+    more = verdict.cached_tokens_match(record(s, "D", 8, delta(tokens, 59392 + 3328), 40.0))  # beyond warm
+    assert not more.passed
+    assert "diagnosis: the prompts shared more than the predicted prefix" in more.message
 
 
 def test_no_hits_fail_even_within_one_block_per_request(pytester) -> None:
@@ -249,6 +252,9 @@ def test_runs_with_other_prompts_or_servers_are_not_comparable(pytester) -> None
     assert verdict.not_comparable(off, on) == []
     on.repeats[0].bench["total_input_tokens"] += 5
     on.server.version, off.server.version = "0.32.0", "0.26.0"
+    off.server.cache_config.update(cache_dtype="auto", num_gpu_blocks="58546")
+    on.server.cache_config.update(cache_dtype="fp8", num_gpu_blocks="58576")  # blocks: measured, may differ
     problems = verdict.not_comparable(off, on)
     assert problems[0].startswith("the benchmark sent other prompts: total input tokens [64140] vs [64145]")
     assert problems[1] == "vLLM version 0.26.0 on apc-off vs 0.32.0 on apc-on"
+    assert problems[2:] == ["cache config cache_dtype=auto on apc-off vs fp8 on apc-on"]
