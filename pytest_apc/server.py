@@ -326,34 +326,40 @@ class VllmServer:
         return metrics.parse(response.text)
 
     def reset_prefix_cache(self, attempts: int = 5) -> str:
-        """Reset and require ``{"success": true}``; escalate to ``reset_running_requests``. Returns how."""
+        """Reset and require ``{"success": true}``; escalate to ``reset_running_requests``. Returns how.
+
+        Each attempt asks for ``reset_external`` first: a KV connector or offload tier keeps prefixes
+        through a plain reset (VLLM-FACTS.md section 4, vllm#57727). Without a connector, vLLM before
+        vllm#42693 answers false to it, so a refused external reset is followed by a plain one; a tier that
+        then still holds the prefix shows as a warm cache in ``cached_tokens_match``.
+        """
         self.check_alive("before the prefix-cache reset")
-        # reset_external: a KV connector or offload tier keeps prefixes through a plain reset (VLLM-FACTS.md
-        # section 4, vllm#57727); without one vLLM treats it as a no-op, and versions before it ignore it.
         tried: list[str] = []
         for attempt in range(attempts):
-            params = {"reset_external": "true"}
-            if attempt == attempts - 1:
-                params["reset_running_requests"] = "true"
-            response = self.http.post(f"{self.url}/reset_prefix_cache", params=params, timeout=30)
-            label = f"POST /reset_prefix_cache?{urlencode(params)}"
-            if response.status_code == 404:
-                raise self._failure(
-                    "has no /reset_prefix_cache (HTTP 404): it must run with VLLM_SERVER_DEV_MODE=1, "
-                    "otherwise every run after the first would measure a warm cache"
-                )
-            body: Any
-            try:
-                body = response.json()
-            except ValueError:
-                body = response.text[:200]
-            tried.append(f"{label} -> HTTP {response.status_code} {body!r}")
-            if response.status_code == 200 and isinstance(body, dict) and body.get("success") is True:
-                return tried[-1]
+            running = {"reset_running_requests": "true"} if attempt == attempts - 1 else {}
+            for params in ({"reset_external": "true", **running}, running):
+                if self._post_reset(params, tried):
+                    return "; ".join(tried[-2:] if not params.get("reset_external") else tried[-1:])
             time.sleep(1.0)
         raise self._failure(
             "did not reset its prefix cache, so the next run would start warm:\n  " + "\n  ".join(tried)
         )
+
+    def _post_reset(self, params: dict[str, str], tried: list[str]) -> bool:
+        response = self.http.post(f"{self.url}/reset_prefix_cache", params=params, timeout=30)
+        if response.status_code == 404:
+            raise self._failure(
+                "has no /reset_prefix_cache (HTTP 404): it must run with VLLM_SERVER_DEV_MODE=1, "
+                "otherwise every run after the first would measure a warm cache"
+            )
+        body: Any
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text[:200]
+        query = f"?{urlencode(params)}" if params else ""
+        tried.append(f"POST /reset_prefix_cache{query} -> HTTP {response.status_code} {body!r}")
+        return response.status_code == 200 and isinstance(body, dict) and body.get("success") is True
 
     def wait_idle(self, timeout: float = 30.0) -> metrics.Snapshot:
         """Scrape until no request runs or waits and the counters stop moving (all stats flushed)."""

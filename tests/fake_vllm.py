@@ -28,8 +28,11 @@ Fault switches:
     --fake-garbage-metrics      GET /metrics answers 200 with text that is not Prometheus format
     --fake-no-prefix-metrics    /metrics omits vllm:prefix_cache_* and vllm:prompt_tokens_by_source
     --fake-wrong-mode           cache_config_info reports enable_prefix_caching opposite to the flag
-    --fake-reset MODE           POST /reset_prefix_cache: ok (default) | 404 | false | false-then-ok
+    --fake-reset MODE           POST /reset_prefix_cache: ok (default) | 404 | false | false-then-ok |
+                                external-false
                                 (false-then-ok: {"success": false} unless ?reset_running_requests=true)
+                                (external-false: {"success": false} with ?reset_external=true, as vLLM
+                                without a KV connector answered before vllm#42693)
     --fake-ignore-sigterm       ignore SIGTERM (callers must escalate to SIGKILL)
     --fake-children N           spawn N sleeper children (stand-ins for EngineCore / TP workers) in the
                                 same process group, logging "fake child pid=NNN"
@@ -273,9 +276,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(404, {"detail": "Not Found"})
             return
         running = query.get("reset_running_requests", ["false"])[-1].lower() in ("true", "1", "yes", "on")
-        success = mode == "ok" or (mode == "false-then-ok" and running)
+        external = query.get("reset_external", ["false"])[-1].lower() in ("true", "1", "yes", "on")
+        success = mode == "ok" or (mode == "false-then-ok" and running) or (mode == "external-false" and not external)
         if success:
-            external = query.get("reset_external", ["false"])[-1].lower() in ("true", "1", "yes", "on")
             self.server.engine.reset(external)
         self.send_json(200, {"success": success})
 
@@ -395,7 +398,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--fake-startup-delay", type=float, default=0.2)
     p.add_argument("--fake-die-after-requests", type=int, default=None)
-    p.add_argument("--fake-reset", choices=["ok", "404", "false", "false-then-ok"], default="ok")
+    p.add_argument("--fake-reset", choices=["ok", "404", "false", "false-then-ok", "external-false"], default="ok")
     p.add_argument("--fake-children", type=int, default=0)
     for switch in ("crash-on-start", "never-ready", "hang", "fail-requests", "garbage-metrics"):
         p.add_argument(f"--fake-{switch}", action="store_true")

@@ -89,6 +89,19 @@ def test_reset_escalation_to_running_requests_succeeds(suite, run_inner) -> None
     assert inner.ret == 0, inner.output
 
 
+def test_a_vllm_that_refuses_reset_external_is_reset_plainly(suite, run_inner) -> None:
+    """vLLM without a KV connector answered false to reset_external before vllm#42693: the plugin then
+    resets without it, and says so in runs[].reset."""
+    inner = run_inner(*fake_args("--fake-reset", "external-false"))
+    assert inner.ret == 0, inner.output
+    runs = json.loads(next(suite.glob("apc-results/*/results.json")).read_text())["runs"]
+    reset = next(r["reset"] for r in runs if r["apc"])
+    assert reset == (
+        "POST /reset_prefix_cache?reset_external=true -> HTTP 200 {'success': False}; "
+        "POST /reset_prefix_cache -> HTTP 200 {'success': True}"
+    )
+
+
 def test_reset_endpoint_missing(suite, run_inner) -> None:
     inner = run_inner(*fake_args("--fake-reset", "404"))
     assert inner.ret == 1
