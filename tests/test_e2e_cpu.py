@@ -200,26 +200,32 @@ def test_off_server_that_is_not_off_is_refused(tmp_path) -> None:
 
 
 def test_hash_algorithms_cache_the_same_blocks(tmp_path) -> None:
-    """--apc-hash-algos on real vLLM: one extra APC-on server per algorithm (xxhash from the dev extra),
-    identical cached tokens; no OFF server is needed, so none is started. At concurrency 1: on two cores,
-    runs at concurrency 8 last under a second and their timing varies 2x from server to server (seen:
-    D-c8 0.27 s on one server, 0.55 s on the next with the same hits), which no tolerance separates from
-    a real overhead; sequential requests are what a 2-core machine can time."""
+    """--apc-hash-algos on real vLLM: one extra APC-on server per algorithm, all three non-default ones
+    (xxhash and cbor2 from the dev extra), identical cached tokens; no OFF server is needed, so none is
+    started. At concurrency 1: on two cores, runs at concurrency 8 last under a second and their timing
+    varies 2x from server to server (seen: D-c8 0.27 s on one server, 0.55 s on the next with the same
+    hits), which no tolerance separates from a real overhead; sequential requests are what a 2-core
+    machine can time. Even then D-c1's ~10 ms TTFTs can switch to ~27 ms halfway through a run, on any
+    server (seen on the default sha256 server and on xxhash_cbor in one run, while B and F stayed
+    steady), so the timing tolerance here is 200%: this test is about the cache, the GPU run about cost."""
     from tests.conftest import InnerRun
 
-    args = [str(TESTS_APC), "-m", "hash_algo", "--cpu-node", "--apc-hash-algos=sha256_cbor,xxhash",
-            "--apc-concurrency=1", f"--apc-results-dir={tmp_path}/apc-results"]  # fmt: skip
+    algos = ("sha256_cbor", "xxhash", "xxhash_cbor")
+    args = [str(TESTS_APC), "-m", "hash_algo", "--cpu-node", f"--apc-hash-algos={','.join(algos)}",
+            "--apc-concurrency=1", "--apc-overhead-tolerance=2.0",
+            f"--apc-results-dir={tmp_path}/apc-results"]  # fmt: skip
     inner = InnerRun(args, tmp_path, timeout=1200).wait()
     assert inner.ret == 0, inner.output[-5000:]
     data = results(tmp_path)
-    assert data["server_launches"] == {"apc-on": 1, "apc-on-sha256_cbor": 1, "apc-on-xxhash": 1}
+    assert data["server_launches"] == {"apc-on": 1, **{f"apc-on-{a}": 1 for a in algos}}
     by_server = {s["mode"]: s["prefix_caching_hash_algo"] for s in data["servers"]}
-    assert by_server == {"apc-on": "sha256", "apc-on-sha256_cbor": "sha256_cbor", "apc-on-xxhash": "xxhash"}
+    assert by_server == {"apc-on": "sha256", **{f"apc-on-{a}": a for a in algos}}
     hits = {r["id"]: r["prefix_cache_hits"] for r in data["runs"]}
-    assert hits["D-c1"] == hits["D-c1-sha256_cbor"] == hits["D-c1-xxhash"] > 0
+    assert hits["D-c1"] > 0
+    assert {hits[f"D-c1-{a}"] for a in algos} == {hits["D-c1"]}
     # The comparison table: each algorithm's run next to the default's, in the JSON and on the terminal.
     rows = {(r["case"], r["hash_algo"]): r for r in data["hash_algos"]}
-    assert set(rows) == {(c, a) for c in "BDF" for a in ("sha256_cbor", "xxhash")}
+    assert set(rows) == {(c, a) for c in "BDF" for a in algos}
     for row in rows.values():
         assert row["cached_tokens"] == row["default_cached_tokens"]
         assert row["default_hash_algo"] == "sha256"
