@@ -290,8 +290,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     apc = item.config.stash.get(SESSION_KEY, None)
     if rep.failed and call.excinfo is not None and call.excinfo.errisinstance(MeasurementError):
         rep.longrepr = str(call.excinfo.value)  # self-contained; the plugin's traceback adds nothing
-    if rep.failed and rep.when in ("setup", "call") and apc is not None and _runs_of(item):
-        rep.sections.extend(report.failure_sections(apc, _runs_of(item)))
+    if rep.failed and rep.when in ("setup", "call") and apc is not None:
+        rep.sections.extend(report.failure_sections(apc, _runs_of(item)))  # nothing for a test without runs
     verdicts = item.stash.get(VERDICTS_KEY, [])
     if rep.when == "call" and verdicts:
         # Travels with the report to the xdist controller (plain data only).

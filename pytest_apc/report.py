@@ -84,7 +84,7 @@ def failure_sections(apc: ApcSession, keys: list[RunKey]) -> list[tuple[str, str
     commands = [f"{k.id}: {apc.records[k].bench_command}" for k in keys if k in apc.records]
     for mode in modes:
         info = apc.servers.get(mode)
-        if info is not None and info.command[:1] == ["(external)"]:
+        if info is not None and info.external:
             commands.append(f"{mode} server: not started by pytest-apc; it runs at {info.url}")
         elif info is not None and info.command:
             commands.append(f"{mode} server: {shlex.join(info.command)}")
@@ -298,8 +298,9 @@ def terminal_summary(tr: Any, apc: ApcSession, gate: list[str]) -> None:
         tr.write_line(line)
     if pair_rows(apc):
         tr.write_line(table(apc, verbose=tr.config.get_verbosity() > 0))
-    if algo_rows(apc):
-        default = algo_rows(apc)[0].default.server.prefix_caching_hash_algo or "not reported"
+    algos = algo_rows(apc)
+    if algos:
+        default = algos[0].default.server.prefix_caching_hash_algo or "not reported"
         tr.write_line(f"hash algorithms vs the default ({default}): cached tokens must be equal")
         tr.write_line(algo_table(apc))
     for key, error in sorted(apc.errors.items()):

@@ -48,6 +48,9 @@ class ServerMode:
         return ("apc-on" if self.apc else "apc-off") + (f"-{self.hash_algo}" if self.hash_algo else "")
 
 
+EXTERNAL = "(external)"  # ServerInfo.command of a server given by URL
+
+
 @dataclass
 class ServerInfo:
     """What the results file records about one server."""
@@ -67,6 +70,11 @@ class ServerInfo:
     chat_header_tokens: int | None = None  # tokens the chat template puts before the user's text
     chat_header_error: str | None = None  # why /tokenize could not measure them
     cache_config: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def external(self) -> bool:
+        """Run elsewhere (--apc-url-on/off): not started, stopped or logged by pytest-apc."""
+        return self.command[:1] == [EXTERNAL]
 
 
 def free_port(host: str) -> int:
@@ -180,7 +188,7 @@ class VllmServer:
         """
         started = time.monotonic()
         if self.external_url:
-            self.info.command = ["(external)", self.external_url]
+            self.info.command = [EXTERNAL, self.external_url]
             self.info.url = self.url
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.log_path.write_text(f"external server {self.url}: its log is wherever it runs\n")
@@ -339,7 +347,8 @@ class VllmServer:
             running = {"reset_running_requests": "true"} if attempt == attempts - 1 else {}
             for params in ({"reset_external": "true", **running}, running):
                 if self._post_reset(params, tried):
-                    return "; ".join(tried[-2:] if not params.get("reset_external") else tried[-1:])
+                    # A plain reset took: say which external reset it replaced.
+                    return tried[-1] if "reset_external" in params else "; ".join(tried[-2:])
             time.sleep(1.0)
         raise self._failure(
             "did not reset its prefix cache, so the next run would start warm:\n  " + "\n  ".join(tried)

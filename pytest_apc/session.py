@@ -121,12 +121,6 @@ class RunRecord:
     def duration_s(self) -> float:
         return float(np.mean([float(r.bench["duration"]) for r in self.repeats]))
 
-    def percentile_ms(self, metric: str, q: float) -> float | None:
-        """A percentile of the pooled per-request samples (``ttfts`` or ``latencies``) of every repeat,
-        computed as vLLM's bench computes its own (numpy percentile of the per-request values)."""
-        samples = self.samples_ms(metric)
-        return float(np.percentile(samples, q)) if samples.size else None
-
     def per_second(self, total: str) -> float | None:
         """A benchmark total (``total_input_tokens``, ``total_output_tokens``, ``completed``) per second,
         summed over every repeat and divided by their summed durations."""
@@ -148,7 +142,13 @@ class RunRecord:
         b = self.bench
         duration = self.duration_s
         d = self.delta
-        ttfts, e2els = self.samples_ms("ttfts").size, self.samples_ms("latencies").size
+        ttfts, e2els = self.samples_ms("ttfts"), self.samples_ms("latencies")
+
+        def pooled(samples: np.ndarray, q: float, own: str) -> float | None:
+            """A percentile of every repeat's per-request values, as vLLM's bench computes its own (numpy);
+            the first repeat's own number when the benchmark saved no per-request values."""
+            return float(np.percentile(samples, q)) if samples.size else b.get(own)
+
         return {
             "id": self.key.id,
             "case": self.key.case,
@@ -166,19 +166,18 @@ class RunRecord:
             "failed": b["failed"],
             "total_input_tokens": b["total_input_tokens"],
             "total_output_tokens": b.get("total_output_tokens"),
-            # Latencies and throughputs over every repeat (the first repeat's own numbers if the
-            # benchmark saved no per-request values).
+            # Latencies and throughputs over every repeat.
             "median_ttft_ms": self.median_ms("ttfts"),
-            "mean_ttft_ms": float(np.mean(self.samples_ms("ttfts"))) if ttfts else b.get("mean_ttft_ms"),
-            "p99_ttft_ms": self.percentile_ms("ttfts", 99) if ttfts else b.get("p99_ttft_ms"),
+            "mean_ttft_ms": float(np.mean(ttfts)) if ttfts.size else b.get("mean_ttft_ms"),
+            "p99_ttft_ms": pooled(ttfts, 99, "p99_ttft_ms"),
             "median_tpot_ms": _median([r.bench.get("median_tpot_ms") for r in self.repeats]),
-            "median_e2el_ms": self.percentile_ms("latencies", 50) if e2els else b.get("median_e2el_ms"),
-            "p99_e2el_ms": self.percentile_ms("latencies", 99) if e2els else b.get("p99_e2el_ms"),
+            "median_e2el_ms": pooled(e2els, 50, "median_e2el_ms"),
+            "p99_e2el_ms": pooled(e2els, 99, "p99_e2el_ms"),
             "input_throughput": self.per_second("total_input_tokens"),
             "output_throughput": self.per_second("total_output_tokens"),
             "request_throughput": self.per_second("completed"),
             "repeats": len(self.repeats),
-            "ttfts_ms": [round(float(t), 3) for t in self.samples_ms("ttfts")],
+            "ttfts_ms": [round(float(t), 3) for t in ttfts],
             "prefix_cache_queries": d.prefix_cache_queries if d else None,
             "prefix_cache_hits": d.prefix_cache_hits if d else None,
             "hit_ratio": d.hit_ratio if d else None,

@@ -87,7 +87,7 @@ CACHE_CONFIG_MAY_DIFFER = {
 def not_comparable(a: RunRecord, b: RunRecord) -> list[str]:
     """Why two runs that a verdict compares (OFF/ON, default/algorithm) do not measure the same thing:
     other prompts, or servers that differ in more than their APC setting (e.g. --apc-url-on/off
-    pointing at different deployments)."""
+    pointing at different deployments); block size and the rest of the cache come from cache_config_info."""
     problems = []
     tokens_a = [int(r.bench["total_input_tokens"]) for r in a.repeats]
     tokens_b = [int(r.bench["total_input_tokens"]) for r in b.repeats]
@@ -95,7 +95,6 @@ def not_comparable(a: RunRecord, b: RunRecord) -> list[str]:
         problems.append(f"the benchmark sent other prompts: total input tokens {tokens_a} vs {tokens_b}")
     for label, value_a, value_b in (
         ("vLLM version", a.server.version, b.server.version),
-        ("block size", a.server.block_size, b.server.block_size),
         ("max model length", a.server.max_model_len, b.server.max_model_len),
         ("chat template header tokens", a.server.chat_header_tokens, b.server.chat_header_tokens),
     ):
@@ -103,7 +102,7 @@ def not_comparable(a: RunRecord, b: RunRecord) -> list[str]:
             problems.append(f"{label} {value_a} on {a.server.mode} vs {value_b} on {b.server.mode}")
     config_a, config_b = a.server.cache_config, b.server.cache_config
     for name in sorted((set(config_a) & set(config_b)) - CACHE_CONFIG_MAY_DIFFER):
-        if config_a[name] != config_b[name] and name != "block_size":  # block size: said above
+        if config_a[name] != config_b[name]:
             problems.append(
                 f"cache config {name}={config_a[name]} on {a.server.mode} vs {config_b[name]} on {b.server.mode}"
             )

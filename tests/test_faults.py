@@ -41,6 +41,15 @@ def fake_args(*fake_flags: str) -> list[str]:
     return args + [f"--apc-server-arg={flag}" for flag in fake_flags]
 
 
+def one_verdict_test(tmp_path, cases: str, fixture: str, check: str) -> None:
+    """A suite of one test: ``@pytest.mark.apc_cases(<cases>)`` asserting ``verdict.<check>(<fixture>)``."""
+    (tmp_path / "test_one.py").write_text(
+        "import pytest\nfrom pytest_apc import verdict\n\n"
+        f"@pytest.mark.apc_cases({cases})\ndef test_one({fixture}, apc_assert):\n"
+        f"    apc_assert(verdict.{check}({fixture}))\n"
+    )
+
+
 @pytest.fixture
 def suite(tmp_path):
     (tmp_path / "test_suite.py").write_text(SUITE)
@@ -135,11 +144,7 @@ def test_missing_prefix_metrics_cannot_verify(suite, run_inner) -> None:
 
 
 def test_tokenize_failure_is_a_warning_and_names_itself_where_predictions_fail(tmp_path, run_inner) -> None:
-    (tmp_path / "test_hits.py").write_text(
-        "import pytest\nfrom pytest_apc import verdict\n\n"
-        "@pytest.mark.apc_cases('D')\ndef test_hits(apc_run, apc_assert):\n"
-        "    apc_assert(verdict.cached_tokens_match(apc_run))\n"
-    )
+    one_verdict_test(tmp_path, "'D'", "apc_run", "cached_tokens_match")
     inner = run_inner(*fake_args("--fake-no-tokenize"))
     assert inner.ret == 1
     assert "WARNING apc-on: /tokenize failed: 404" in inner.output
@@ -152,11 +157,7 @@ def test_an_offload_tier_is_reset_too(tmp_path, run_inner) -> None:
     """A server with a KV offload tier keeps prefixes through a plain reset (vllm#57727): the plugin
     asks for reset_external, so D at 1 and 2 (same prefix, one after the other) both start cold and
     hit alike (a tier left warm gives the second run one more request's share)."""
-    (tmp_path / "test_hits.py").write_text(
-        "import pytest\nfrom pytest_apc import verdict\n\n"
-        "@pytest.mark.apc_cases('D', sweep=True)\ndef test_hits(apc_run, apc_assert):\n"
-        "    apc_assert(verdict.bench_clean(apc_run))\n"
-    )
+    one_verdict_test(tmp_path, "'D', sweep=True", "apc_run", "bench_clean")
     inner = run_inner(*fake_args("--fake-external-tier"), "--apc-sweep-concurrency=1,2")
     assert inner.ret == 0, inner.output
     runs = json.loads(next(tmp_path.glob("apc-results/*/results.json")).read_text())["runs"]
@@ -241,11 +242,7 @@ def test_external_servers_are_validated_and_never_stopped(suite, run_inner) -> N
 
 def test_external_servers_that_differ_beyond_apc_cannot_be_compared(tmp_path, run_inner) -> None:
     """--apc-url-on/off at two different deployments: the pair is refused, not judged."""
-    (tmp_path / "test_pair.py").write_text(
-        "import pytest\nfrom pytest_apc import verdict\n\n"
-        "@pytest.mark.apc_cases('D')\ndef test_saved(apc_pair, apc_assert):\n"
-        "    apc_assert(verdict.prefill_saved(apc_pair))\n"
-    )
+    one_verdict_test(tmp_path, "'D'", "apc_pair", "prefill_saved")
     on, on_url = _start_fake(tmp_path, "--enable-prefix-caching")
     off, off_url = _start_fake(tmp_path, "--no-enable-prefix-caching", "--max-model-len", "50000")
     try:
