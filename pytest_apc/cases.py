@@ -72,6 +72,10 @@ class Workload:
     def prompt_len(self) -> int:
         return self.prefix_len + self.suffix_len
 
+    def kv_blocks_per_request(self, header_tokens: int, block_size: int) -> int:
+        """KV-cache blocks one request holds at its longest: template header, prompt and output."""
+        return ceil_div(header_tokens + self.prompt_len + self.output_len, block_size)
+
 
 def workload_for(family: str, settings: Settings) -> Workload:
     """The family's workload under these settings (lengths scaled for the CPU profile)."""
@@ -85,6 +89,23 @@ def workload_for(family: str, settings: Settings) -> Workload:
     else:  # pragma: no cover - guarded by FAMILIES
         raise ValueError(f"unknown case family {family!r}")
     return Workload(family, prefix, suffix, s(settings.output_len), settings.num_prompts, settings.seed)
+
+
+@dataclass(frozen=True, order=True)
+class ServerMode:
+    """Which server: APC on or off, and (APC on only) a prefix-caching hash algorithm."""
+
+    apc: bool
+    hash_algo: str = ""
+
+    @property
+    def name(self) -> str:
+        return ("apc-on" if self.apc else "apc-off") + (f"-{self.hash_algo}" if self.hash_algo else "")
+
+
+def ceil_div(tokens: int, block_size: int) -> int:
+    """Whole blocks that ``tokens`` occupy (a partial block still takes a block)."""
+    return -(-tokens // block_size)
 
 
 @dataclass(frozen=True, order=True)
@@ -102,6 +123,11 @@ class RunKey:
     @property
     def family(self) -> str:
         return CASE_FAMILY[self.case]
+
+    @property
+    def mode(self) -> ServerMode:
+        """The server this run is measured on."""
+        return ServerMode(self.apc, self.hash_algo)
 
     @property
     def id(self) -> str:

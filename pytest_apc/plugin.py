@@ -22,7 +22,8 @@ import pytest
 from pytest_apc import config as apc_config
 from pytest_apc import procs, redaction, report
 from pytest_apc.cases import CASE_APC, RunKey
-from pytest_apc.session import ApcSession, MeasurementError, RunRecord
+from pytest_apc.records import MeasurementError, RunRecord
+from pytest_apc.session import ApcSession
 from pytest_apc.verdict import Pair, Verdict, not_comparable
 
 SETTINGS_KEY = pytest.StashKey[apc_config.Settings]()

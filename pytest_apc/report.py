@@ -24,8 +24,9 @@ import pytest_apc
 from pytest_apc.cases import CASE_PURPOSE, PAIRS, RunKey
 from pytest_apc.config import Settings, model_path_for_display
 from pytest_apc.redaction import redact
-from pytest_apc.server import ServerMode, tail
-from pytest_apc.session import ApcSession, RunRecord
+from pytest_apc.records import RunRecord
+from pytest_apc.server import tail
+from pytest_apc.session import ApcSession
 from pytest_apc.stats import Interval, ratio_of_medians
 from pytest_apc.verdict import Pair
 
@@ -80,7 +81,7 @@ def record_properties(node: pytest.Item, record: RunRecord) -> None:
 def failure_sections(apc: ApcSession, keys: list[RunKey]) -> list[tuple[str, str]]:
     """What a failed APC test shows below its message, whatever failed (a verdict, a measurement, missing
     metrics): how to re-run each of its runs and start its servers, and the tail of each server's log."""
-    modes = list(dict.fromkeys(ServerMode(k.apc, k.hash_algo).name for k in keys))
+    modes = list(dict.fromkeys(k.mode.name for k in keys))
     commands = [f"{k.id}: {apc.records[k].bench_command}" for k in keys if k in apc.records]
     for mode in modes:
         info = apc.servers.get(mode)

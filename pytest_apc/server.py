@@ -25,6 +25,8 @@ from urllib.parse import urlencode
 import requests
 
 from pytest_apc import metrics, procs
+from pytest_apc.cases import ServerMode
+from pytest_apc.records import EXTERNAL, ServerInfo
 from pytest_apc.redaction import redact, redact_argv
 
 # "CPU KV cache size: 4,194,304 tokens, ..." / "GPU KV cache size: ..." (VLLM-FACTS.md section 4)
@@ -34,47 +36,6 @@ ADDRESS_IN_USE = "Address already in use"
 
 class ServerError(RuntimeError):
     """A server that could not start, died, or answered what it must not."""
-
-
-@dataclass(frozen=True, order=True)
-class ServerMode:
-    """Which server: APC on or off, and (APC on only) a prefix-caching hash algorithm."""
-
-    apc: bool
-    hash_algo: str = ""
-
-    @property
-    def name(self) -> str:
-        return ("apc-on" if self.apc else "apc-off") + (f"-{self.hash_algo}" if self.hash_algo else "")
-
-
-EXTERNAL = "(external)"  # ServerInfo.command of a server given by URL
-
-
-@dataclass
-class ServerInfo:
-    """What the results file records about one server."""
-
-    mode: str
-    command: list[str]
-    url: str
-    log: str
-    block_size: int | None = None
-    num_gpu_blocks: int | None = None
-    kv_cache_size_tokens: int | None = None
-    prefix_caching_hash_algo: str | None = None
-    kv_cache_line: str | None = None
-    version: str | None = None
-    max_model_len: int | None = None
-    startup_s: float | None = None
-    chat_header_tokens: int | None = None  # tokens the chat template puts before the user's text
-    chat_header_error: str | None = None  # why /tokenize could not measure them
-    cache_config: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def external(self) -> bool:
-        """Run elsewhere (--apc-url-on/off): not started, stopped or logged by pytest-apc."""
-        return self.command[:1] == [EXTERNAL]
 
 
 def free_port(host: str) -> int:

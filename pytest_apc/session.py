@@ -30,13 +30,12 @@ import numpy as np
 
 from pytest_apc import metrics
 from pytest_apc.bench import BenchError, BenchRunner, bench_args
-from pytest_apc.cases import CASE_FAMILY, FAMILIES, Prediction, RunKey, Workload, predict, workload_for
+from pytest_apc.cases import CASE_FAMILY, FAMILIES, RunKey, ServerMode, Workload, ceil_div, predict, workload_for
 from pytest_apc.config import Settings
 from pytest_apc.redaction import redact
+from pytest_apc.records import MeasurementError, Repeat, RunRecord, ServerInfo
 from pytest_apc.server import (
     ServerError,
-    ServerInfo,
-    ServerMode,
     VllmServer,
     build_command,
     gpu_memory_used_mib,
@@ -46,170 +45,6 @@ from pytest_apc.server import (
 )
 
 SCHEMA_VERSION = 1
-
-
-class MeasurementError(AssertionError):
-    """A run that could not be measured; the message says what happened and how to reproduce it."""
-
-
-@dataclass
-class Repeat:
-    """One cold benchmark run: its result, the counter deltas around it and how the cache was reset."""
-
-    bench: dict[str, Any]
-    delta: metrics.Delta | None
-    metrics_error: str | None
-    reset: str | None
-    result_file: str
-    command: str
-
-    def require_counters(self, run_id: str, server_mode: str) -> metrics.Delta:
-        """The counter deltas, or a "cannot verify" failure naming what is missing."""
-        if self.metrics_error:
-            raise MeasurementError(f"cannot verify the prefix cache of run {run_id}: {self.metrics_error}")
-        assert self.delta is not None
-        missing = self.delta.missing()
-        if missing:
-            raise MeasurementError(
-                f"cannot verify the prefix cache of run {run_id}: /metrics of the {server_mode} server "
-                f"has no {', '.join(missing)} counter (looked for "
-                f"{', '.join(n for m in missing for n in metrics.COUNTER_NAMES[m])}); "
-                "metrics disabled or a vLLM too old for per-run deltas"
-            )
-        return self.delta
-
-
-@dataclass
-class RunRecord:
-    """One measured run (``--apc-repeats`` cold repeats of it), as tests see it and the results file stores it."""
-
-    key: RunKey
-    workload: Workload
-    server: ServerInfo
-    repeats: list[Repeat]
-    header_tokens: int
-    wall_s: float
-    prediction: Prediction | None = None
-
-    @property
-    def bench(self) -> dict[str, Any]:
-        """The first repeat's benchmark result (every repeat has the same prompts and arguments)."""
-        return self.repeats[0].bench
-
-    @property
-    def delta(self) -> metrics.Delta | None:
-        return self.repeats[0].delta
-
-    @property
-    def metrics_error(self) -> str | None:
-        return self.repeats[0].metrics_error
-
-    @property
-    def bench_command(self) -> str:
-        return self.repeats[0].command
-
-    def samples_ms(self, metric: str = "ttfts") -> np.ndarray:
-        """Per-request samples of every repeat, pooled, in milliseconds (``ttfts`` or ``latencies``)."""
-        values = [v for r in self.repeats for v in (r.bench.get(metric) or [])]
-        return np.asarray(values, dtype=float) * 1000.0
-
-    def median_ms(self, metric: str = "ttfts") -> float:
-        samples = self.samples_ms(metric)
-        return float(np.median(samples)) if samples.size else float(self.bench["median_ttft_ms"])
-
-    @property
-    def duration_s(self) -> float:
-        return float(np.mean([float(r.bench["duration"]) for r in self.repeats]))
-
-    def per_second(self, total: str) -> float | None:
-        """A benchmark total (``total_input_tokens``, ``total_output_tokens``, ``completed``) per second,
-        summed over every repeat and divided by their summed durations."""
-        values: list[float] = [float(r.bench[total]) for r in self.repeats if r.bench.get(total) is not None]
-        seconds = float(np.sum([float(r.bench["duration"]) for r in self.repeats]))
-        if seconds <= 0 or len(values) < len(self.repeats):
-            return None
-        return float(np.sum(values)) / seconds
-
-    @property
-    def block_size(self) -> int | None:
-        return self.server.block_size
-
-    def require_counters(self) -> list[tuple[Repeat, metrics.Delta]]:
-        """Every repeat with its counter deltas, or a "cannot verify" failure naming what is missing."""
-        return [(r, r.require_counters(self.key.id, self.server.mode)) for r in self.repeats]
-
-    def to_json(self) -> dict[str, Any]:
-        b = self.bench
-        duration = self.duration_s
-        d = self.delta
-        ttfts, e2els = self.samples_ms("ttfts"), self.samples_ms("latencies")
-
-        def pooled(samples: np.ndarray, q: float, own: str) -> float | None:
-            """A percentile of every repeat's per-request values, as vLLM's bench computes its own (numpy);
-            the first repeat's own number when the benchmark saved no per-request values."""
-            return float(np.percentile(samples, q)) if samples.size else b.get(own)
-
-        return {
-            "id": self.key.id,
-            "case": self.key.case,
-            "family": self.key.family,
-            "apc": self.key.apc,
-            "hash_algo": (self.key.hash_algo or self.server.prefix_caching_hash_algo) if self.key.apc else None,
-            "concurrency": self.key.concurrency,
-            "num_prompts": self.workload.num_prompts,
-            "dataset": self.workload.dataset,
-            "prefix_len": self.workload.prefix_len,
-            "suffix_len": self.workload.suffix_len,
-            "output_len": self.workload.output_len,
-            "seed": self.workload.seed,
-            "completed": b["completed"],
-            "failed": b["failed"],
-            "total_input_tokens": b["total_input_tokens"],
-            "total_output_tokens": b.get("total_output_tokens"),
-            # Latencies and throughputs over every repeat.
-            "median_ttft_ms": self.median_ms("ttfts"),
-            "mean_ttft_ms": float(np.mean(ttfts)) if ttfts.size else b.get("mean_ttft_ms"),
-            "p99_ttft_ms": pooled(ttfts, 99, "p99_ttft_ms"),
-            "median_tpot_ms": _median([r.bench.get("median_tpot_ms") for r in self.repeats]),
-            "median_e2el_ms": pooled(e2els, 50, "median_e2el_ms"),
-            "p99_e2el_ms": pooled(e2els, 99, "p99_e2el_ms"),
-            "input_throughput": self.per_second("total_input_tokens"),
-            "output_throughput": self.per_second("total_output_tokens"),
-            "request_throughput": self.per_second("completed"),
-            "repeats": len(self.repeats),
-            "ttfts_ms": [round(float(t), 3) for t in ttfts],
-            "prefix_cache_queries": d.prefix_cache_queries if d else None,
-            "prefix_cache_hits": d.prefix_cache_hits if d else None,
-            "hit_ratio": d.hit_ratio if d else None,
-            "prompt_tokens": d.prompt_tokens if d else None,
-            "computed_tokens": d.computed_tokens if d else None,
-            "cached_tokens": d.cached_tokens if d else None,
-            "preemptions": d.preemptions if d else None,
-            "metric_names": d.metric_names if d else {},
-            "metrics_error": self.metrics_error,
-            "block_size": self.block_size,
-            "header_tokens": self.header_tokens,
-            "prediction": self.prediction.as_dict() if self.prediction else None,
-            "server": self.server.mode,
-            "reset": self.repeats[0].reset,
-            "bench_command": self.bench_command,
-            "bench_result_file": self.repeats[0].result_file,
-            "bench_duration_s": duration,
-            "repeat_counters": [
-                {
-                    "file": r.result_file,
-                    "duration_s": r.bench["duration"],
-                    "delta": r.delta.as_dict() if r.delta else None,
-                }
-                for r in self.repeats
-            ],
-            "wall_s": self.wall_s,
-        }
-
-
-def _median(values: list[Any]) -> float | None:
-    known = [float(v) for v in values if v is not None]
-    return float(np.median(known)) if known else None
 
 
 @dataclass
@@ -251,7 +86,7 @@ class ApcSession:
         if self.settings.max_model_len:
             return int(self.settings.max_model_len)
         longest = max(w.prompt_len + w.output_len for w in map(self.workload, FAMILIES))
-        return -(-(longest + 256) // 256) * 256  # chat template headroom, rounded up
+        return ceil_div(longest + 256, 256) * 256  # chat template headroom, rounded up
 
     # -- the one entry point tests use ---------------------------------------------------------------------
 
@@ -264,7 +99,7 @@ class ApcSession:
         """
         if key not in self.records and key not in self.errors:
             self.planned.add(key)
-            mode = ServerMode(key.apc, key.hash_algo)
+            mode = key.mode
             with self._lock():
                 self.load_store()
                 if key not in self.records and key not in self.errors:
@@ -402,7 +237,7 @@ class ApcSession:
                 self.progress(f"waited {waited:.0f} s for GPU memory to be released")
 
     def _measure_mode(self, mode: ServerMode) -> None:
-        keys = sorted(k for k in self.planned if ServerMode(k.apc, k.hash_algo) == mode)
+        keys = sorted(k for k in self.planned if k.mode == mode)
         self._done_modes.add(mode)
         self._stop_active()
         missing = self._missing_hash_package(mode)
@@ -502,13 +337,13 @@ class ApcSession:
         kept = []
         for key in keys:
             w = self.workload(key.family)
-            tokens = w.prompt_len + w.output_len + (info.chat_header_tokens or 0)
-            blocks = key.concurrency * -(-tokens // info.block_size)
+            per_request = w.kv_blocks_per_request(info.chat_header_tokens or 0, info.block_size)
+            blocks = key.concurrency * per_request
             if blocks <= info.num_gpu_blocks:
                 kept.append(key)
                 continue
             message = (
-                f"run {key.id}: concurrency {key.concurrency} x {-(-tokens // info.block_size)} blocks per request "
+                f"run {key.id}: concurrency {key.concurrency} x {per_request} blocks per request "
                 f"= {blocks} KV-cache blocks, more than the {info.mode} server's {info.num_gpu_blocks} "
                 f"(block size {info.block_size}): expect preemptions and evicted prefix blocks"
             )

@@ -14,7 +14,7 @@ from typing import Any
 from pytest_apc.cases import Prediction, RunKey
 from pytest_apc.config import Settings
 from pytest_apc.metrics import Delta
-from pytest_apc.session import MeasurementError, RunRecord
+from pytest_apc.records import MeasurementError, RunRecord
 from pytest_apc.stats import Interval, fit_prefill_cost, prefill_speedup_bound, ratio_of_medians
 
 
@@ -402,7 +402,7 @@ def diagnose_short_hits(run: RunRecord, d: Delta | None) -> str:
     if d is not None and d.preemptions:
         causes.append(f"{d.preemptions} preemptions during the run: blocks were freed and recomputed")
     if p is not None and info.num_gpu_blocks is not None and info.block_size:
-        prompt_blocks = -(-(run.workload.prompt_len + run.workload.output_len + run.header_tokens) // info.block_size)
+        prompt_blocks = run.workload.kv_blocks_per_request(run.header_tokens, info.block_size)
         working_set = run.key.concurrency * prompt_blocks
         if working_set > info.num_gpu_blocks:
             causes.append(

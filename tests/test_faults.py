@@ -329,7 +329,7 @@ def test_missing_xxhash_is_named_before_launching(pytester, tmp_path, monkeypatc
     import importlib.util
 
     from pytest_apc import config as apc_config
-    from pytest_apc.server import ServerMode
+    from pytest_apc.cases import ServerMode
     from pytest_apc.session import ApcSession
 
     settings = apc_config.resolve(pytester.parseconfig("--cpu-node"), environ={})

@@ -10,8 +10,8 @@ import pytest
 
 from pytest_apc import config as apc_config
 from pytest_apc import procs
-from pytest_apc.cases import RunKey
-from pytest_apc.server import ServerInfo
+from pytest_apc.cases import RunKey, ServerMode
+from pytest_apc.records import ServerInfo
 from pytest_apc.session import ApcSession
 
 
@@ -92,7 +92,7 @@ def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypat
     monkeypatch.setattr(server_mod, "free_port", lambda host: next(ports, None) or real_free_port(host))
     fake = [sys.executable, str(FAKE_VLLM), "--model", "m", "--served-model-name", "apc-model"]
     srv = server_mod.VllmServer(
-        server_mod.ServerMode(True),
+        ServerMode(True),
         lambda port: [*fake, "--port", str(port), "--enable-prefix-caching"],
         host="127.0.0.1",
         served_model_name="apc-model",

@@ -13,8 +13,7 @@ import pytest
 from pytest_apc import verdict
 from pytest_apc.cases import RunKey, predict, workload_for
 from pytest_apc.metrics import Delta
-from pytest_apc.server import ServerInfo
-from pytest_apc.session import MeasurementError, Repeat, RunRecord
+from pytest_apc.records import MeasurementError, Repeat, RunRecord, ServerInfo
 
 N = 30
 

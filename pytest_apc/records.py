@@ -1,0 +1,237 @@
+"""The measured data that verdicts and reports read: run records, their repeats, counter deltas, the
+identity of the server each ran on, and the error of a run that could not be measured.
+
+Plain data only (no servers, no benchmark): a record survives the trip between xdist workers through
+the run's store (``to_state`` / ``from_state``) and is what the results file is written from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pytest_apc import metrics
+from pytest_apc.cases import Prediction, RunKey, Workload
+
+
+class MeasurementError(AssertionError):
+    """A run that could not be measured; the message says what happened and how to reproduce it."""
+
+
+EXTERNAL = "(external)"  # ServerInfo.command of a server given by URL
+
+
+@dataclass
+class ServerInfo:
+    """What the results file records about one server."""
+
+    mode: str
+    command: list[str]
+    url: str
+    log: str
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    kv_cache_size_tokens: int | None = None
+    prefix_caching_hash_algo: str | None = None
+    kv_cache_line: str | None = None
+    version: str | None = None
+    max_model_len: int | None = None
+    startup_s: float | None = None
+    chat_header_tokens: int | None = None  # tokens the chat template puts before the user's text
+    chat_header_error: str | None = None  # why /tokenize could not measure them
+    cache_config: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def external(self) -> bool:
+        """Run elsewhere (--apc-url-on/off): not started, stopped or logged by pytest-apc."""
+        return self.command[:1] == [EXTERNAL]
+
+
+@dataclass
+class Repeat:
+    """One cold benchmark run: its result, the counter deltas around it and how the cache was reset."""
+
+    bench: dict[str, Any]
+    delta: metrics.Delta | None
+    metrics_error: str | None
+    reset: str | None
+    result_file: str
+    command: str
+
+    def require_counters(self, run_id: str, server_mode: str) -> metrics.Delta:
+        """The counter deltas, or a "cannot verify" failure naming what is missing."""
+        if self.metrics_error:
+            raise MeasurementError(f"cannot verify the prefix cache of run {run_id}: {self.metrics_error}")
+        assert self.delta is not None
+        missing = self.delta.missing()
+        if missing:
+            raise MeasurementError(
+                f"cannot verify the prefix cache of run {run_id}: /metrics of the {server_mode} server "
+                f"has no {', '.join(missing)} counter (looked for "
+                f"{', '.join(n for m in missing for n in metrics.COUNTER_NAMES[m])}); "
+                "metrics disabled or a vLLM too old for per-run deltas"
+            )
+        return self.delta
+
+
+@dataclass
+class RunRecord:
+    """One measured run (``--apc-repeats`` cold repeats of it), as tests see it and the results file stores it."""
+
+    key: RunKey
+    workload: Workload
+    server: ServerInfo
+    repeats: list[Repeat]
+    header_tokens: int
+    wall_s: float
+    prediction: Prediction | None = None
+
+    @property
+    def bench(self) -> dict[str, Any]:
+        """The first repeat's benchmark result (every repeat has the same prompts and arguments)."""
+        return self.repeats[0].bench
+
+    @property
+    def delta(self) -> metrics.Delta | None:
+        return self.repeats[0].delta
+
+    @property
+    def metrics_error(self) -> str | None:
+        return self.repeats[0].metrics_error
+
+    @property
+    def bench_command(self) -> str:
+        return self.repeats[0].command
+
+    def samples_ms(self, metric: str = "ttfts") -> np.ndarray:
+        """Per-request samples of every repeat, pooled, in milliseconds (``ttfts`` or ``latencies``)."""
+        values = [v for r in self.repeats for v in (r.bench.get(metric) or [])]
+        return np.asarray(values, dtype=float) * 1000.0
+
+    def median_ms(self, metric: str = "ttfts") -> float:
+        samples = self.samples_ms(metric)
+        return float(np.median(samples)) if samples.size else float(self.bench["median_ttft_ms"])
+
+    @property
+    def duration_s(self) -> float:
+        return float(np.mean([float(r.bench["duration"]) for r in self.repeats]))
+
+    def per_second(self, total: str) -> float | None:
+        """A benchmark total (``total_input_tokens``, ``total_output_tokens``, ``completed``) per second,
+        summed over every repeat and divided by their summed durations."""
+        values: list[float] = [float(r.bench[total]) for r in self.repeats if r.bench.get(total) is not None]
+        seconds = float(np.sum([float(r.bench["duration"]) for r in self.repeats]))
+        if seconds <= 0 or len(values) < len(self.repeats):
+            return None
+        return float(np.sum(values)) / seconds
+
+    @property
+    def block_size(self) -> int | None:
+        return self.server.block_size
+
+    def require_counters(self) -> list[tuple[Repeat, metrics.Delta]]:
+        """Every repeat with its counter deltas, or a "cannot verify" failure naming what is missing."""
+        return [(r, r.require_counters(self.key.id, self.server.mode)) for r in self.repeats]
+
+    def to_json(self) -> dict[str, Any]:
+        b = self.bench
+        duration = self.duration_s
+        d = self.delta
+        ttfts, e2els = self.samples_ms("ttfts"), self.samples_ms("latencies")
+
+        def pooled(samples: np.ndarray, q: float, own: str) -> float | None:
+            """A percentile of every repeat's per-request values, as vLLM's bench computes its own (numpy);
+            the first repeat's own number when the benchmark saved no per-request values."""
+            return float(np.percentile(samples, q)) if samples.size else b.get(own)
+
+        return {
+            "id": self.key.id,
+            "case": self.key.case,
+            "family": self.key.family,
+            "apc": self.key.apc,
+            "hash_algo": (self.key.hash_algo or self.server.prefix_caching_hash_algo) if self.key.apc else None,
+            "concurrency": self.key.concurrency,
+            "num_prompts": self.workload.num_prompts,
+            "dataset": self.workload.dataset,
+            "prefix_len": self.workload.prefix_len,
+            "suffix_len": self.workload.suffix_len,
+            "output_len": self.workload.output_len,
+            "seed": self.workload.seed,
+            "completed": b["completed"],
+            "failed": b["failed"],
+            "total_input_tokens": b["total_input_tokens"],
+            "total_output_tokens": b.get("total_output_tokens"),
+            # Latencies and throughputs over every repeat.
+            "median_ttft_ms": self.median_ms("ttfts"),
+            "mean_ttft_ms": float(np.mean(ttfts)) if ttfts.size else b.get("mean_ttft_ms"),
+            "p99_ttft_ms": pooled(ttfts, 99, "p99_ttft_ms"),
+            "median_tpot_ms": _median([r.bench.get("median_tpot_ms") for r in self.repeats]),
+            "median_e2el_ms": pooled(e2els, 50, "median_e2el_ms"),
+            "p99_e2el_ms": pooled(e2els, 99, "p99_e2el_ms"),
+            "input_throughput": self.per_second("total_input_tokens"),
+            "output_throughput": self.per_second("total_output_tokens"),
+            "request_throughput": self.per_second("completed"),
+            "repeats": len(self.repeats),
+            "ttfts_ms": [round(float(t), 3) for t in ttfts],
+            "prefix_cache_queries": d.prefix_cache_queries if d else None,
+            "prefix_cache_hits": d.prefix_cache_hits if d else None,
+            "hit_ratio": d.hit_ratio if d else None,
+            "prompt_tokens": d.prompt_tokens if d else None,
+            "computed_tokens": d.computed_tokens if d else None,
+            "cached_tokens": d.cached_tokens if d else None,
+            "preemptions": d.preemptions if d else None,
+            "metric_names": d.metric_names if d else {},
+            "metrics_error": self.metrics_error,
+            "block_size": self.block_size,
+            "header_tokens": self.header_tokens,
+            "prediction": self.prediction.as_dict() if self.prediction else None,
+            "server": self.server.mode,
+            "reset": self.repeats[0].reset,
+            "bench_command": self.bench_command,
+            "bench_result_file": self.repeats[0].result_file,
+            "bench_duration_s": duration,
+            "repeat_counters": [
+                {
+                    "file": r.result_file,
+                    "duration_s": r.bench["duration"],
+                    "delta": r.delta.as_dict() if r.delta else None,
+                }
+                for r in self.repeats
+            ],
+            "wall_s": self.wall_s,
+        }
+
+
+def _median(values: list[Any]) -> float | None:
+    known = [float(v) for v in values if v is not None]
+    return float(np.median(known)) if known else None
+
+
+
+
+# -- the store's plain-JSON form (records cross between xdist workers as JSON, never as pickles) ----------
+
+
+def record_to_state(record: RunRecord) -> dict[str, Any]:
+    """Everything a record holds, as JSON-ready data (``record_from_state`` reads it back)."""
+    return dataclasses.asdict(record)
+
+
+def record_from_state(state: dict[str, Any]) -> RunRecord:
+    repeats = [
+        Repeat(**{**r, "delta": metrics.Delta(**r["delta"]) if r["delta"] is not None else None})
+        for r in state["repeats"]
+    ]
+    prediction = state["prediction"]
+    return RunRecord(
+        key=RunKey(**state["key"]),
+        workload=Workload(**state["workload"]),
+        server=ServerInfo(**state["server"]),
+        repeats=repeats,
+        header_tokens=state["header_tokens"],
+        wall_s=state["wall_s"],
+        prediction=Prediction(**prediction) if prediction is not None else None,
+    )
