@@ -210,8 +210,6 @@ def _median(values: list[Any]) -> float | None:
     return float(np.median(known)) if known else None
 
 
-
-
 # -- the store's plain-JSON form (records cross between xdist workers as JSON, never as pickles) ----------
 
 

@@ -23,8 +23,8 @@ from tabulate import tabulate
 import pytest_apc
 from pytest_apc.cases import CASE_PURPOSE, PAIRS, RunKey
 from pytest_apc.config import Settings, model_path_for_display
-from pytest_apc.redaction import redact
 from pytest_apc.records import RunRecord
+from pytest_apc.redaction import redact
 from pytest_apc.server import tail
 from pytest_apc.session import ApcSession
 from pytest_apc.stats import Interval, ratio_of_medians

@@ -26,14 +26,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from pytest_apc import metrics
 from pytest_apc.bench import BenchError, BenchRunner, bench_args
 from pytest_apc.cases import CASE_FAMILY, FAMILIES, RunKey, ServerMode, Workload, ceil_div, predict, workload_for
 from pytest_apc.config import Settings
-from pytest_apc.redaction import redact
 from pytest_apc.records import MeasurementError, Repeat, RunRecord, ServerInfo
+from pytest_apc.redaction import redact
 from pytest_apc.server import (
     ServerError,
     VllmServer,
