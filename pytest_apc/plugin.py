@@ -218,7 +218,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if session is None:
             item.add_marker(skip)
         elif item.get_closest_marker("skip") is None:
-            session.plan(_runs_of(item))
+            session.plan.add(_runs_of(item))
 
 
 @pytest.fixture(scope="session")

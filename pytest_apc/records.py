@@ -1,8 +1,8 @@
 """The measured data that verdicts and reports read: run records, their repeats, counter deltas, the
 identity of the server each ran on, and the error of a run that could not be measured.
 
-Plain data only (no servers, no benchmark): a record survives the trip between xdist workers through
-the run's store (``to_state`` / ``from_state``) and is what the results file is written from.
+Plain data only (no servers, no benchmark): it crosses between xdist workers as JSON through the run's
+store (``Measured.to_state`` / ``from_state``) and is what the results file is written from.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from pytest_apc import metrics
-from pytest_apc.cases import Prediction, RunKey, Workload
+from pytest_apc.cases import Prediction, RunKey, ServerMode, Workload
 
 
 class MeasurementError(AssertionError):
@@ -210,15 +210,60 @@ def _median(values: list[Any]) -> float | None:
     return float(np.median(known)) if known else None
 
 
-# -- the store's plain-JSON form (records cross between xdist workers as JSON, never as pickles) ----------
+@dataclass
+class Measured:
+    """Everything one pytest run has measured so far: what the results file, the verdicts and the report
+    read, and what xdist workers share through the store."""
+
+    records: dict[RunKey, RunRecord] = field(default_factory=dict)
+    errors: dict[RunKey, str] = field(default_factory=dict)  # runs that could not be measured, and why
+    servers: dict[str, ServerInfo] = field(default_factory=dict)  # by mode name
+    launches: dict[str, int] = field(default_factory=dict)  # servers started per mode name
+    done_modes: set[ServerMode] = field(default_factory=set)  # measured (or failed): never launched again
+    warnings: list[str] = field(default_factory=list)
+    server_seconds: float = 0.0  # starting and stopping servers
+    model: str | None = None  # what the launched servers loaded
+
+    def adopt(self, other: Measured) -> None:
+        """Take in what another process of this run measured (it only ever adds)."""
+        self.records.update(other.records)
+        self.errors.update(other.errors)
+        self.servers.update(other.servers)
+        self.launches = {**self.launches, **other.launches}
+        self.done_modes |= other.done_modes
+        self.warnings = list(dict.fromkeys(self.warnings + other.warnings))
+        self.server_seconds = max(self.server_seconds, other.server_seconds)
+        self.model = self.model or other.model
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-ready data (``from_state`` reads it back)."""
+        return {
+            "records": [dataclasses.asdict(r) for r in self.records.values()],
+            "errors": [[dataclasses.asdict(k), e] for k, e in self.errors.items()],
+            "servers": {name: dataclasses.asdict(info) for name, info in self.servers.items()},
+            "launches": self.launches,
+            "done_modes": [dataclasses.asdict(m) for m in sorted(self.done_modes)],
+            "warnings": self.warnings,
+            "server_seconds": self.server_seconds,
+            "model": self.model,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Measured:
+        records = [_record_from_state(r) for r in state["records"]]
+        return cls(
+            records={r.key: r for r in records},
+            errors={RunKey(**k): e for k, e in state["errors"]},
+            servers={name: ServerInfo(**info) for name, info in state["servers"].items()},
+            launches=dict(state["launches"]),
+            done_modes={ServerMode(**m) for m in state["done_modes"]},
+            warnings=list(state["warnings"]),
+            server_seconds=float(state["server_seconds"]),
+            model=state["model"],
+        )
 
 
-def record_to_state(record: RunRecord) -> dict[str, Any]:
-    """Everything a record holds, as JSON-ready data (``record_from_state`` reads it back)."""
-    return dataclasses.asdict(record)
-
-
-def record_from_state(state: dict[str, Any]) -> RunRecord:
+def _record_from_state(state: dict[str, Any]) -> RunRecord:
     repeats = [
         Repeat(**{**r, "delta": metrics.Delta(**r["delta"]) if r["delta"] is not None else None})
         for r in state["repeats"]

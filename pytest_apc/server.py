@@ -1,4 +1,5 @@
-"""One vLLM server: launch, readiness, prefix-cache reset, scrapes, logs, stop.
+"""One vLLM OpenAI server: ``LaunchedServer`` (started in its own process group, stopped) and
+``ExternalServer`` (runs elsewhere), both an ``Endpoint``: readiness, prefix-cache reset, scrapes, stop.
 
 A server is ready only when all of these hold, checked in this order on every poll:
 the process is alive; ``GET /health`` is 200; ``/v1/models`` lists the served model; ``/metrics`` shows
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -28,7 +30,7 @@ from pytest_apc.cases import ServerMode
 from pytest_apc.records import EXTERNAL, ServerInfo
 from pytest_apc.redaction import redact, redact_argv
 
-# "CPU KV cache size: 4,194,304 tokens, ..." / "GPU KV cache size: ..." (VLLM-FACTS.md section 4)
+# The engine logs "CPU KV cache size: 4,194,304 tokens, ..." (or "GPU ...") once its KV cache is allocated.
 KV_CACHE_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens.*")
 ADDRESS_IN_USE = "Address already in use"
 
@@ -83,40 +85,33 @@ def tail(path: Path, lines: int = 40) -> str:
     return redact("\n".join(text.splitlines()[-lines:]))
 
 
-class VllmServer:
-    """A vLLM OpenAI server this plugin launched (``start``/``stop``) and talks to."""
+@dataclass(frozen=True)
+class Reach:
+    """How pytest-apc talks to a server, whichever kind: the model name it serves, where its log goes,
+    how long it may take to become ready, where progress lines go, and the API key."""
 
-    def __init__(
-        self,
-        mode: ServerMode,
-        command_for_port: Callable[[int], list[str]],
-        *,
-        host: str,
-        served_model_name: str,
-        env: dict[str, str],
-        log_path: Path,
-        startup_timeout: float,
-        stop_timeout: float,
-        on_progress: Callable[[str], None] | None = None,
-        external_url: str = "",
-        api_key: str = "",
-    ) -> None:
+    served_model_name: str
+    log_path: Path
+    startup_timeout: float
+    on_progress: Callable[[str], None] = field(default=lambda message: None)
+    api_key: str = ""
+
+
+class Endpoint:
+    """A vLLM OpenAI server reached over HTTP, however it runs: readiness, prefix-cache reset, scrapes,
+    waiting until idle, the chat header. The two kinds below add how it starts and stops."""
+
+    launched = False  # started (and so stopped and logged) by pytest-apc
+
+    def __init__(self, mode: ServerMode, how: Reach) -> None:
         self.mode = mode
-        self.external_url = external_url
-        self.host = host
-        self.served_model_name = served_model_name
-        self._command_for_port = command_for_port
-        self.env = env
-        self.log_path = log_path
-        self.startup_timeout = startup_timeout
-        self.stop_timeout = stop_timeout
-        self._progress = on_progress or (lambda message: None)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-        self.info = ServerInfo(mode=mode.name, command=[], url="", log=str(log_path))
-        self.api_key = api_key
+        self.served_model_name = how.served_model_name
+        self.log_path = how.log_path
+        self.startup_timeout = how.startup_timeout
+        self._progress = how.on_progress
+        self.api_key = how.api_key
+        self.info = ServerInfo(mode=mode.name, command=[], url="", log=str(how.log_path))
         self.http = self._session()
-        self.gpu_baseline = None if external_url else gpu_memory_used_mib()  # to wait for its release
 
     def _session(self) -> requests.Session:
         http = requests.Session()
@@ -124,62 +119,36 @@ class VllmServer:
             http.headers["Authorization"] = f"Bearer {self.api_key}"
         return http
 
-    # -- lifecycle -------------------------------------------------------------------------------------
+    # -- what each kind defines ---------------------------------------------------------------------------
 
     @property
     def url(self) -> str:
-        return self.external_url or f"http://{self.host}:{self.port}"
+        raise NotImplementedError
+
+    def start(self) -> ServerInfo:
+        """Start (or find) the server and wait until it is ready; raises ServerError."""
+        raise NotImplementedError
+
+    def alive(self) -> bool:
+        raise NotImplementedError
+
+    def exit_code(self) -> int | None:
+        """The exit code of a server process that has ended; None while it runs (or when not ours)."""
+        return None
+
+    def check_alive(self, doing: str) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop what pytest-apc started; always safe to call."""
+        self.http.close()
+        self.http = self._session()
+
+    # -- readiness ------------------------------------------------------------------------------------------
 
     @property
     def command_line(self) -> str:
         return shlex.join(self.info.command)
-
-    def alive(self) -> bool:
-        if self.external_url:
-            with contextlib.suppress(requests.RequestException):
-                return self.http.get(f"{self.url}/health", timeout=10).status_code == 200
-            return False
-        return self.proc is not None and self.proc.poll() is None
-
-    def start(self) -> ServerInfo:
-        """Launch and wait until ready; retries on a port taken between choosing and binding it.
-
-        An external server (``--apc-url-on/off``) is not launched: only its readiness is checked.
-        """
-        started = time.monotonic()
-        if self.external_url:
-            self.info.command = [EXTERNAL, self.external_url]
-            self.info.url = self.url
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self.log_path.write_text(f"external server {self.url}: its log is wherever it runs\n")
-            self._wait_ready(started)
-            self.info.startup_s = round(time.monotonic() - started, 3)
-            return self.info
-        for attempt in range(3):
-            self.port = free_port(self.host)
-            argv = self._command_for_port(self.port)
-            self.info.command = redact_argv(argv)
-            self.info.url = self.url
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("ab") as log:
-                log.write(f"\n===== pytest-apc: {self.command_line}\n".encode())
-                log.flush()
-                try:
-                    self.proc = procs.spawn(argv, self.env, log)
-                except OSError as err:
-                    raise ServerError(
-                        f"{self.mode.name} server could not be executed: {err}\ncommand: {self.command_line}"
-                    ) from err
-            try:
-                self._wait_ready(started)
-            except ServerError:
-                self.stop()
-                if attempt < 2 and ADDRESS_IN_USE in tail(self.log_path, 30):
-                    continue
-                raise
-            self.info.startup_s = round(time.monotonic() - started, 3)
-            return self.info
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _failure(self, what: str) -> ServerError:
         return ServerError(
@@ -194,7 +163,7 @@ class VllmServer:
         waiting_for = "the process to listen (/health)"
         last_note = 0.0
         while True:
-            code = self.proc.poll() if self.proc is not None else None
+            code = self.exit_code()
             if code is not None:
                 raise self._failure(f"exited with code {code} while starting (waiting for {waiting_for})")
             if time.monotonic() > deadline:
@@ -217,6 +186,7 @@ class VllmServer:
             except (metrics.MetricsError, ValueError, KeyError) as err:
                 waiting_for = f"valid answers (last: {str(err)[:200]})"
             if waiting_for == "":
+                self.info.startup_s = round(time.monotonic() - started, 3)
                 return
             time.sleep(0.5)
 
@@ -270,22 +240,7 @@ class VllmServer:
         found = KV_CACHE_LINE.findall(tail(self.log_path, 400))
         return None if not found else f"{found[-1][0]} KV cache size: {found[-1][1]} tokens"
 
-    def stop(self) -> None:
-        """SIGTERM the whole process group, wait, SIGKILL; always safe to call. External: nothing to stop."""
-        if self.proc is not None:
-            procs.stop(self.proc, self.stop_timeout)
-            self.proc = None
-        self.http.close()
-        self.http = self._session()
-
-    # -- what a measurement needs -------------------------------------------------------------------------
-
-    def check_alive(self, doing: str) -> None:
-        if not self.alive():
-            if self.external_url:
-                raise self._failure(f"(external, {self.url}) does not answer /health {doing}")
-            code = self.proc.poll() if self.proc else None
-            raise self._failure(f"is not running (exit code {code}) {doing}")
+    # -- what a measurement needs ---------------------------------------------------------------------------
 
     def scrape(self) -> metrics.Snapshot:
         response = self.http.get(f"{self.url}/metrics", timeout=30)
@@ -297,9 +252,9 @@ class VllmServer:
         """Reset and require ``{"success": true}``; escalate to ``reset_running_requests``. Returns how.
 
         Each attempt asks for ``reset_external`` first: a KV connector or offload tier keeps prefixes
-        through a plain reset (VLLM-FACTS.md section 4, vllm#57727). Without a connector, vLLM before
-        vllm#42693 answers false to it, so a refused external reset is followed by a plain one; a tier that
-        then still holds the prefix shows as a warm cache in ``cached_tokens_match``.
+        through a plain reset. Without a connector, older vLLM answers false to ``reset_external``, so a
+        refused external reset is followed by a plain one; a tier that then still holds the prefix shows
+        as a warm cache in ``cached_tokens_match``.
         """
         self.check_alive("before the prefix-cache reset")
         tried: list[str] = []
@@ -366,6 +321,115 @@ class VllmServer:
                 break
             common += 1
         return common
+
+
+class LaunchedServer(Endpoint):
+    """A vLLM server process that pytest-apc starts in its own process group and stops."""
+
+    launched = True
+
+    def __init__(
+        self,
+        mode: ServerMode,
+        command_for_port: Callable[[int], list[str]],
+        how: Reach,
+        *,
+        bind_host: str,
+        connect_host: str,
+        env: dict[str, str],
+        stop_timeout: float,
+    ) -> None:
+        super().__init__(mode, how)
+        self.bind_host = bind_host
+        self.connect_host = connect_host
+        self._command_for_port = command_for_port
+        self.env = env
+        self.stop_timeout = stop_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.gpu_baseline = gpu_memory_used_mib()  # to wait for its release after the stop
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.connect_host}:{self.port}"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll() if self.proc is not None else None
+
+    def check_alive(self, doing: str) -> None:
+        if not self.alive():
+            raise self._failure(f"is not running (exit code {self.exit_code()}) {doing}")
+
+    def start(self) -> ServerInfo:
+        """Launch and wait until ready; retries on a port taken between choosing and binding it."""
+        started = time.monotonic()
+        for attempt in range(3):
+            self.port = free_port(self.bind_host)
+            argv = self._command_for_port(self.port)
+            self.info.command = redact_argv(argv)
+            self.info.url = self.url
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("ab") as log:
+                log.write(f"\n===== pytest-apc: {self.command_line}\n".encode())
+                log.flush()
+                try:
+                    self.proc = procs.spawn(argv, self.env, log)
+                except OSError as err:
+                    raise ServerError(
+                        f"{self.mode.name} server could not be executed: {err}\ncommand: {self.command_line}"
+                    ) from err
+            try:
+                self._wait_ready(started)
+            except ServerError:
+                self.stop()
+                if attempt < 2 and ADDRESS_IN_USE in tail(self.log_path, 30):
+                    continue
+                raise
+            return self.info
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def stop(self) -> None:
+        """SIGTERM the whole process group, wait, SIGKILL; then wait until the GPUs have their memory back."""
+        if self.proc is not None:
+            procs.stop(self.proc, self.stop_timeout)
+            self.proc = None
+            waited = wait_gpu_memory_released(self.gpu_baseline)
+            if waited:
+                self._progress(f"waited {waited:.0f} s for GPU memory to be released")
+        super().stop()
+
+
+class ExternalServer(Endpoint):
+    """A server that runs elsewhere (``--apc-url-on/off``): checked and measured, never started or stopped."""
+
+    def __init__(self, mode: ServerMode, how: Reach, url: str) -> None:
+        super().__init__(mode, how)
+        self._url = url
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def alive(self) -> bool:
+        with contextlib.suppress(requests.RequestException):
+            return self.http.get(f"{self.url}/health", timeout=10).status_code == 200
+        return False
+
+    def check_alive(self, doing: str) -> None:
+        if not self.alive():
+            raise self._failure(f"(external, {self.url}) does not answer /health {doing}")
+
+    def start(self) -> ServerInfo:
+        started = time.monotonic()
+        self.info.command = [EXTERNAL, self.url]
+        self.info.url = self.url
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.write_text(f"external server {self.url}: its log is wherever it runs\n")
+        self._wait_ready(started)
+        return self.info
 
 
 def gpu_memory_used_mib() -> list[int] | None:

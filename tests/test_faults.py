@@ -330,17 +330,16 @@ def test_missing_xxhash_is_named_before_launching(pytester, tmp_path, monkeypatc
 
     from pytest_apc import config as apc_config
     from pytest_apc.cases import ServerMode
-    from pytest_apc.session import ApcSession
+    from pytest_apc.deployment import missing_requirement
 
     settings = apc_config.resolve(pytester.parseconfig("--cpu-node"), environ={})
-    session = ApcSession(settings=settings, run_dir=tmp_path, json_path=tmp_path / "r.json")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "xxhash" else real(name, *a))
-    message = session._missing_hash_package(ServerMode(True, "xxhash_cbor"))
+    message = missing_requirement(ServerMode(True, "xxhash_cbor"), settings)
     assert message is not None
     assert "needs the Python package 'xxhash' for --prefix-caching-hash-algo xxhash_cbor" in message
     assert "pip install xxhash" in message
-    assert session._missing_hash_package(ServerMode(True, "sha256_cbor")) is None
+    assert missing_requirement(ServerMode(True, "sha256_cbor"), settings) is None
 
 
 def test_two_runs_on_one_node_do_not_collide(tmp_path, run_inner) -> None:

@@ -91,14 +91,13 @@ def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypat
     real_free_port = server_mod.free_port
     monkeypatch.setattr(server_mod, "free_port", lambda host: next(ports, None) or real_free_port(host))
     fake = [sys.executable, str(FAKE_VLLM), "--model", "m", "--served-model-name", "apc-model"]
-    srv = server_mod.VllmServer(
+    srv = server_mod.LaunchedServer(
         ServerMode(True),
         lambda port: [*fake, "--port", str(port), "--enable-prefix-caching"],
-        host="127.0.0.1",
-        served_model_name="apc-model",
+        server_mod.Reach(served_model_name="apc-model", log_path=tmp_path / "server.log", startup_timeout=30),
+        bind_host="127.0.0.1",
+        connect_host="127.0.0.1",
         env={},
-        log_path=tmp_path / "server.log",
-        startup_timeout=30,
         stop_timeout=3,
     )
     try:

@@ -1,0 +1,181 @@
+"""What an APC mode runs on: one interface, and the kinds of deployment behind it.
+
+A *deployment* serves one server mode (``apc-off``, ``apc-on``, ``apc-on-<hash algorithm>``) for as
+long as that mode's runs take. The session only ever talks to it through :class:`Deployment`:
+
+    start -> (reset_prefix_cache, scrape / wait_idle, benchmark against url)* -> stop
+
+and reads its identity (version, block size, KV capacity, hash algorithm) from ``info``.
+
+The kinds today, chosen by :func:`deployment_for`:
+
+* ``LaunchedServer`` (server.py): one vLLM server that pytest-apc starts from the settings;
+* ``ExternalServer`` (server.py): a server given by ``--apc-url-on`` / ``--apc-url-off``.
+
+A new kind (replicas behind a router, a data-parallel server, a fleet run by Kubernetes) implements
+the same methods and gets a branch in ``deployment_for``; the session, verdicts and report do not change.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from pytest_apc import metrics
+from pytest_apc.cases import ServerMode, ceil_div, longest_request_tokens
+from pytest_apc.config import Settings
+from pytest_apc.records import ServerInfo
+from pytest_apc.server import (
+    ExternalServer,
+    LaunchedServer,
+    Reach,
+    build_command,
+    gpu_memory_used_mib,
+    server_env,
+)
+
+# Room for the chat template on top of the longest workload, and the step --max-model-len is rounded to.
+TEMPLATE_HEADROOM = 256
+
+
+class Deployment(Protocol):
+    """What the session needs from whatever serves one APC mode."""
+
+    mode: ServerMode
+    info: ServerInfo  # identity: command, URL, version, block size, KV capacity, hash algorithm, chat header
+    log_path: Path
+    launched: bool  # started by pytest-apc (counts as a launch; its log is ours)
+
+    @property
+    def url(self) -> str:
+        """Where the benchmark sends its requests."""
+        ...
+
+    def start(self) -> ServerInfo:
+        """Start (or find) it and return once it is ready; raises ``ServerError`` with its log tail."""
+        ...
+
+    def alive(self) -> bool: ...
+
+    def check_alive(self, doing: str) -> None:
+        """Raise ``ServerError`` (naming ``doing``) when it no longer serves."""
+        ...
+
+    def reset_prefix_cache(self) -> str:
+        """Empty every prefix cache it has, verified; returns how."""
+        ...
+
+    def scrape(self) -> metrics.Snapshot: ...
+
+    def wait_idle(self) -> metrics.Snapshot:
+        """A scrape once nothing runs and the counters have settled."""
+        ...
+
+    def chat_header_tokens(self) -> int:
+        """Tokens the chat template puts before every prompt."""
+        ...
+
+    def stop(self) -> None:
+        """Stop whatever pytest-apc started; always safe to call."""
+        ...
+
+
+def deployment_for(
+    mode: ServerMode, settings: Settings, model: str, run_dir: Path, progress: Callable[[str], None]
+) -> Deployment:
+    """The deployment that serves ``mode`` under these settings."""
+    how = Reach(
+        served_model_name=settings.served_model_name,
+        log_path=run_dir / f"server-{mode.name}.log",
+        startup_timeout=settings.startup_timeout,
+        on_progress=progress,
+        api_key=settings.api_key,
+    )
+    url = external_url(mode, settings)
+    if url:
+        return ExternalServer(mode, how, url)
+
+    def command(port: int) -> list[str]:
+        return build_command(
+            settings.server_command,
+            model=model,
+            served_model_name=settings.served_model_name,
+            host=settings.host,
+            port=port,
+            mode=mode,
+            max_model_len=max_model_len(settings),
+            tensor_parallel_size=tensor_parallel_size(settings),
+            extra=(("--load-format", "dummy") if settings.model_shape else ()) + tuple(settings.server_arg),
+            launcher=settings.launcher,
+            api_key=settings.api_key,
+        )
+
+    return LaunchedServer(
+        mode,
+        command,
+        how,
+        bind_host=settings.host,
+        connect_host=settings.connect_host,
+        env=server_env(settings.profile or ""),
+        stop_timeout=settings.stop_timeout,
+    )
+
+
+def external_url(mode: ServerMode, settings: Settings) -> str:
+    """The URL of a server run elsewhere for this mode, or "" to launch one (hash-algorithm servers always are)."""
+    if mode.hash_algo:
+        return ""
+    return settings.url_on if mode.apc else settings.url_off
+
+
+def max_model_len(settings: Settings) -> int:
+    """Room for the longest workload of any family (same on every server, whatever is selected)."""
+    if settings.max_model_len:
+        return settings.max_model_len
+    return ceil_div(longest_request_tokens(settings) + TEMPLATE_HEADROOM, TEMPLATE_HEADROOM) * TEMPLATE_HEADROOM
+
+
+def tensor_parallel_size(settings: Settings) -> int:
+    """--apc-tensor-parallel-size, else on a GPU node every visible GPU."""
+    if settings.tensor_parallel_size:
+        return settings.tensor_parallel_size
+    if settings.profile != "gpu":
+        return 1
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return len([v for v in visible.split(",") if v.strip()])
+    return max(1, len(gpu_memory_used_mib() or []))
+
+
+def served_model(settings: Settings, progress: Callable[[str], None]) -> str:
+    """What the launched servers load: the configured model, or a generated one (made once, cached)."""
+    if settings.model_shape:
+        from pytest_apc.tinymodel import ensure_shape_model
+
+        return str(ensure_shape_model(settings.model_shape))
+    if settings.profile == "cpu" and not settings.model:
+        from pytest_apc.tinymodel import ensure_tiny_model, tiny_model_cached
+
+        if not tiny_model_cached():
+            progress("generating the tiny CPU model (cached after the first run)")
+        return str(ensure_tiny_model())
+    return settings.model
+
+
+def missing_requirement(mode: ServerMode, settings: Settings) -> str | None:
+    """Why ``mode`` cannot be served here, said before a crash log would: the xxhash algorithms need the
+    xxhash package in the interpreter that runs the server."""
+    if not mode.hash_algo.startswith("xxhash") or settings.launcher:
+        return None
+    if "{python}" not in settings.server_command:
+        return None  # another interpreter: its startup error will say it
+    if importlib.util.find_spec("xxhash") is None:
+        return (
+            f"the {mode.name} server needs the Python package 'xxhash' for --prefix-caching-hash-algo "
+            f"{mode.hash_algo}, and it is not installed in {sys.executable}: pip install xxhash"
+        )
+    return None

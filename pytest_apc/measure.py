@@ -1,0 +1,87 @@
+"""One measured run on a ready deployment: ``--apc-repeats`` cold repeats of
+
+    reset the prefix cache (APC on; verified) -> scrape /metrics -> vLLM's benchmark
+    -> wait until the server is idle -> scrape again -> keep the counter deltas
+
+and the hit prediction for the run, made from the server's block size and chat-template header.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pytest_apc import metrics
+from pytest_apc.bench import BenchRunner, bench_args
+from pytest_apc.cases import RunKey, Workload, predict, workload_for
+from pytest_apc.config import Settings
+from pytest_apc.deployment import Deployment
+from pytest_apc.records import Repeat, RunRecord
+
+
+class Measurer:
+    """Measures runs with one benchmark worker; results and benchmark logs go to ``bench_dir``."""
+
+    def __init__(self, settings: Settings, bench: BenchRunner, model: str, bench_dir: Path) -> None:
+        self.settings = settings
+        self.bench = bench
+        self.model = model
+        self.bench_dir = bench_dir
+
+    def run(self, key: RunKey, deployment: Deployment) -> RunRecord:
+        started = time.monotonic()
+        workload = workload_for(key.family, self.settings)
+        repeats = self.settings.repeats
+        names = [f"{key.id}-r{i + 1}" if repeats > 1 else key.id for i in range(repeats)]
+        results = [self._once(key, workload, deployment, name) for name in names]
+        header = deployment.info.chat_header_tokens
+        record = RunRecord(
+            key=key,
+            workload=workload,
+            server=deployment.info,
+            repeats=results,
+            header_tokens=header if header is not None else -1,  # -1: not measured
+            wall_s=round(time.monotonic() - started, 3),
+        )
+        if header is not None and deployment.info.block_size:
+            record.prediction = predict(
+                workload, header, deployment.info.block_size, int(results[0].bench["total_input_tokens"])
+            )
+        return record
+
+    def _once(self, key: RunKey, workload: Workload, deployment: Deployment, name: str) -> Repeat:
+        """One cold run."""
+        reset = deployment.reset_prefix_cache() if key.apc else None
+        deployment.check_alive("before the run")
+        before: metrics.Snapshot | None
+        metrics_error: str | None = None
+        try:
+            before = deployment.wait_idle()
+        except metrics.MetricsError as err:
+            before, metrics_error = None, str(err)
+        self.bench_dir.mkdir(parents=True, exist_ok=True)
+        argv = bench_args(
+            workload,
+            key,
+            base_url=deployment.url,
+            model=self.model,
+            tokenizer=self.settings.tokenizer,
+            served_model_name=self.settings.served_model_name,
+            result_dir=self.bench_dir,
+            result_filename=f"{name}.json",
+        )
+        outcome = self.bench.run(
+            argv,
+            self.bench_dir / f"{name}.json",
+            workload.num_prompts,
+            self.bench_dir / f"{name}.log",
+            self.settings.bench_timeout,
+        )
+        deployment.check_alive("after the benchmark")
+        delta = None
+        if before is not None:
+            try:
+                delta = metrics.delta(before, deployment.wait_idle())
+            except metrics.MetricsError as err:
+                metrics_error = str(err)
+        return Repeat(outcome.result, delta, metrics_error, reset, str(outcome.result_path), outcome.command)
