@@ -16,7 +16,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -25,44 +25,37 @@ HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 # The CPU default scales every workload length by this factor: 32768 -> 2048.
 CPU_LENGTH_SCALE = 1 / 16
 
+N = TypeVar("N", int, float)
+
 
 class SettingError(ValueError):
     """An invalid setting; the message names the setting, the value and its source."""
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError("must be a positive integer")
-    return value
+def number(kind: type[N], *, low: N, low_open: bool = False, high: N | None = None) -> Callable[[str], N]:
+    """A parser for a ``kind`` number of at least ``low`` (above it when ``low_open``) and at most ``high``."""
+    if high is not None:
+        wanted = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+    elif kind is int and low == 1 and not low_open:
+        wanted = "a positive integer"
+    else:
+        wanted = f"{'>' if low_open else '>='} {low:g}"
+
+    def parse(text: str) -> N:
+        value = kind(text)
+        # Phrased as what is allowed so that NaN, which compares false with everything, is refused.
+        if not ((low < value if low_open else low <= value) and (high is None or value <= high)):
+            raise ValueError(f"must be {wanted}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError("must be >= 0")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError("must be > 0")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise ValueError("must be in (0, 1]")
-    return value
-
-
-def _fraction_or_zero(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise ValueError("must be in [0, 1]")
-    return value
+_positive_int = number(int, low=1)
+_non_negative_int = number(int, low=0)
+_positive_float = number(float, low=0, low_open=True)
+_fraction = number(float, low=0, low_open=True, high=1)
+_fraction_or_zero = number(float, low=0, high=1)
 
 
 def _int_list(text: str) -> tuple[int, ...]:

@@ -61,6 +61,12 @@ def test_profile_from_ini(pytester: pytest.Pytester) -> None:
         (["--apc-hash-algos=md5"], {}, "unknown hash algorithm 'md5'"),
         (["--apc-profile=tpu"], {}, "Invalid apc_profile 'tpu'"),
         (["--apc-length-scale=2"], {}, "must be in (0, 1]"),
+        (["--apc-length-scale=0"], {}, "must be in (0, 1]"),
+        (["--apc-min-bound-fraction=1.5"], {}, "must be in [0, 1]"),
+        (["--apc-startup-timeout=0"], {}, "must be > 0"),
+        (["--apc-startup-timeout=nan"], {}, "must be > 0"),
+        (["--apc-seed=-1"], {}, "Invalid apc_seed '-1' from option --apc-seed: must be >= 0"),
+        (["--apc-sweep-concurrency=1,0"], {}, "must be a positive integer"),
     ],
 )
 def test_invalid_values_name_setting_and_source(pytester: pytest.Pytester, args, env, message) -> None:
@@ -104,3 +110,14 @@ def test_every_setting_has_option_ini_and_env() -> None:
         assert spec.env == "PYTEST_APC_" + spec.name.upper()
         assert spec.help
         assert spec.help[0].isupper()
+
+
+def test_number_validator_bounds() -> None:
+    fraction_or_zero = apc_config.number(float, low=0, high=1)
+    assert fraction_or_zero("0") == 0.0
+    assert fraction_or_zero("1") == 1.0
+    assert apc_config.number(int, low=0)("0") == 0
+    with pytest.raises(ValueError, match=r"must be in \(0, 1\]"):
+        apc_config.number(float, low=0, low_open=True, high=1)("0")
+    with pytest.raises(ValueError, match="invalid literal"):
+        apc_config.number(int, low=1)("1.5")
