@@ -426,7 +426,7 @@ class ApcSession:
             "started_at": self.started_at,
             "profile": self.settings.profile,
             "model": self.json_model(),
-            "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.settings.values.items()},
+            "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.settings.as_dict().items()},
             "server_launches": dict(self.launches),
             "servers": [info.__dict__ for info in self.servers.values()],
             "runs": [r.to_json() for r in records],

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
+
 import pytest
 
 from pytest_apc import config as apc_config
@@ -121,3 +125,40 @@ def test_number_validator_bounds() -> None:
         apc_config.number(float, low=0, low_open=True, high=1)("0")
     with pytest.raises(ValueError, match="invalid literal"):
         apc_config.number(int, low=1)("1.5")
+
+
+def _mentions_any(hint: object) -> bool:
+    return hint is typing.Any or any(_mentions_any(arg) for arg in typing.get_args(hint))
+
+
+def _conforms(value: object, hint: object) -> bool:
+    """A shallow isinstance check of a declared default against the field's annotation."""
+    if isinstance(hint, types.UnionType):
+        return any(_conforms(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint) or hint
+    return isinstance(value, origin) and not (origin is int and isinstance(value, bool))  # type: ignore[arg-type]
+
+
+def test_settings_fields_and_specs_agree_and_are_typed() -> None:
+    hints = typing.get_type_hints(apc_config.Settings)
+    names = [f.name for f in dataclasses.fields(apc_config.Settings) if f.name != "sources"]
+    assert names == [spec.name for spec in apc_config.SPECS]
+    assert list(apc_config.setting_names()) == names
+    for spec in apc_config.SPECS:
+        hint = hints[spec.name]
+        assert not _mentions_any(hint), spec.name
+        for value in (spec.default, spec.gpu, spec.cpu):
+            if value is not None or spec is apc_config.SPEC_BY_NAME["profile"]:
+                assert _conforms(value, hint), (spec.name, value, hint)
+    assert hints["sources"] == dict[str, str]
+
+
+def test_as_dict_lists_every_setting_in_order(pytester: pytest.Pytester) -> None:
+    settings = resolve(pytester, "--cpu-node")
+    values = settings.as_dict()
+    assert list(values) == [spec.name for spec in apc_config.SPECS]
+    assert values["num_prompts"] == settings.num_prompts
+    assert "sources" not in values
+    assert not hasattr(settings, "values")
