@@ -574,6 +574,9 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
 
 
 def _check_lengths(settings: Settings) -> None:
+    # Imported here: cases.py imports this module.
+    from pytest_apc.cases import longest_request_tokens
+
     scale = settings.length_scale
     for name in ("prefix_len", "rag_prefix_len", "input_len", "suffix_len", "output_len"):
         value = getattr(settings, name)
@@ -584,9 +587,7 @@ def _check_lengths(settings: Settings) -> None:
             )
     max_len = settings.max_model_len
     if max_len:
-        s = settings
-        longest = max(s.prefix_len + s.suffix_len, s.rag_prefix_len + s.input_len, s.input_len)
-        longest = round(longest * scale) + round(s.output_len * scale)
+        longest = longest_request_tokens(settings)
         if longest > max_len:
             raise SettingError(
                 f"Invalid apc_max_model_len {max_len} from {settings.sources['max_model_len']}: the longest workload "
