@@ -23,6 +23,8 @@ import pytest
 
 PROFILES = ("gpu", "cpu")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+# Bind addresses meaning "every interface"; clients reach such a server on the loopback address.
+WILDCARD_HOSTS = ("0.0.0.0", "::")
 # The CPU default scales every workload length by this factor: 32768 -> 2048.
 CPU_LENGTH_SCALE = 1 / 16
 
@@ -324,7 +326,16 @@ class Settings:
         ),
         "warn|fail",
     )
-    host: str = setting(_str, "127.0.0.1", "Address the launched servers bind to and the benchmark connects to", "ADDR")
+    host: str = setting(_str, "127.0.0.1", "Address the launched servers bind to", "ADDR")
+    connect_host: str = setting(
+        _str,
+        "",
+        (
+            "Address the benchmark and the plugin use to reach launched servers. Default: the bind address, "
+            "or 127.0.0.1 when the servers bind every interface (0.0.0.0 or ::)"
+        ),
+        "ADDR",
+    )
     startup_timeout: float = setting(
         _positive_float, 1800.0, "Seconds a server may take to become ready", "SECONDS", cpu=600.0
     )
@@ -568,9 +579,17 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
                 "No model for --gpu-node: set --apc-model PATH, PYTEST_APC_MODEL, ini apc_model or $MODEL_70B "
                 "(or --apc-model-shape for random weights)"
             )
+    if not values["connect_host"]:
+        values["connect_host"] = connect_address(values["host"])
+        sources["connect_host"] = "derived from apc_host"
     settings = Settings(**values, sources=sources)
     _check_lengths(settings)
     return settings
+
+
+def connect_address(bind_host: str) -> str:
+    """Where a client reaches a server bound to ``bind_host``: a wildcard address is not one to connect to."""
+    return "127.0.0.1" if bind_host in WILDCARD_HOSTS else bind_host
 
 
 def _check_lengths(settings: Settings) -> None:

@@ -127,6 +127,26 @@ def test_number_validator_bounds() -> None:
         apc_config.number(int, low=1)("1.5")
 
 
+def test_connect_host_defaults_to_the_bind_address(pytester: pytest.Pytester) -> None:
+    settings = resolve(pytester)
+    assert settings.connect_host == settings.host == "127.0.0.1"
+    assert settings.sources["connect_host"] == "derived from apc_host"
+    assert resolve(pytester, "--apc-host=10.0.0.5").connect_host == "10.0.0.5"
+
+
+@pytest.mark.parametrize("wildcard", ["0.0.0.0", "::"])
+def test_connect_host_for_a_wildcard_bind_is_loopback(pytester: pytest.Pytester, wildcard: str) -> None:
+    settings = resolve(pytester, env={"PYTEST_APC_HOST": wildcard})
+    assert settings.host == wildcard
+    assert settings.connect_host == "127.0.0.1"
+
+
+def test_explicit_connect_host_wins(pytester: pytest.Pytester) -> None:
+    settings = resolve(pytester, "--apc-host=0.0.0.0", ini="apc_connect_host = node7.cluster")
+    assert settings.connect_host == "node7.cluster"
+    assert settings.sources["connect_host"] == "ini key apc_connect_host"
+
+
 def _mentions_any(hint: object) -> bool:
     return hint is typing.Any or any(_mentions_any(arg) for arg in typing.get_args(hint))
 
