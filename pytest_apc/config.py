@@ -6,7 +6,8 @@ variable (``PYTEST_APC_X``). One precedence applies to all of them:
     command line  >  environment  >  ini file  >  profile default (--gpu-node / --cpu-node)  >  default
 
 Values are validated here, and an invalid one stops pytest with a single line that names the setting,
-the value and where it came from. The result is one frozen :class:`Settings` object.
+the value and where it came from. The result is one frozen :class:`Settings` object, whose typed fields
+are the declarations: the table of :class:`Spec` that options, resolution and docs use is derived from them.
 """
 
 from __future__ import annotations
@@ -14,55 +15,51 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar, overload
 
 import pytest
 
 PROFILES = ("gpu", "cpu")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+# Bind addresses meaning "every interface"; clients reach such a server on the loopback address.
+WILDCARD_HOSTS = ("0.0.0.0", "::")
 # The CPU default scales every workload length by this factor: 32768 -> 2048.
 CPU_LENGTH_SCALE = 1 / 16
+
+T = TypeVar("T")
+N = TypeVar("N", int, float)
 
 
 class SettingError(ValueError):
     """An invalid setting; the message names the setting, the value and its source."""
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError("must be a positive integer")
-    return value
+def number(kind: type[N], *, low: N, low_open: bool = False, high: N | None = None) -> Callable[[str], N]:
+    """A parser for a ``kind`` number of at least ``low`` (above it when ``low_open``) and at most ``high``."""
+    if high is not None:
+        wanted = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+    elif kind is int and low == 1 and not low_open:
+        wanted = "a positive integer"
+    else:
+        wanted = f"{'>' if low_open else '>='} {low:g}"
+
+    def parse(text: str) -> N:
+        value = kind(text)
+        # Phrased as what is allowed so that NaN, which compares false with everything, is refused.
+        if not ((low < value if low_open else low <= value) and (high is None or value <= high)):
+            raise ValueError(f"must be {wanted}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError("must be >= 0")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError("must be > 0")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise ValueError("must be in (0, 1]")
-    return value
-
-
-def _fraction_or_zero(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise ValueError("must be in [0, 1]")
-    return value
+_positive_int = number(int, low=1)
+_non_negative_int = number(int, low=0)
+_positive_float = number(float, low=0, low_open=True)
+_fraction = number(float, low=0, low_open=True, high=1)
+_fraction_or_zero = number(float, low=0, high=1)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -153,7 +150,10 @@ def _args(text: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Spec:
-    """One setting: its name, how to parse it, its defaults and its help text (which is the docs)."""
+    """One setting: its name, how to parse it, its defaults and its help text (which is the docs).
+
+    Derived from a :class:`Settings` field declared with :func:`setting`.
+    """
 
     name: str
     parse: Callable[[str], Any]
@@ -177,278 +177,328 @@ class Spec:
         return "PYTEST_APC_" + self.name.upper()
 
 
-# The one table. Help text follows pytest's rules: capitalised, no final period for a single phrase.
-SPECS: tuple[Spec, ...] = (
-    Spec(
-        "profile",
+_SPEC = "pytest_apc.setting"  # dataclass field metadata key holding a setting's declaration
+
+
+@overload
+def setting(
+    parse: Callable[[str], T],
+    default: T,
+    help: str,
+    metavar: str = "VALUE",
+    *,
+    gpu: T | None = None,
+    cpu: T | None = None,
+) -> T: ...
+
+
+@overload
+def setting(
+    parse: Callable[[str], T], default: tuple[T, ...], help: str, metavar: str = "VALUE", *, repeatable: Literal[True]
+) -> tuple[T, ...]: ...
+
+
+def setting(
+    parse: Callable[[str], Any],
+    default: Any,
+    help: str,
+    metavar: str = "VALUE",
+    *,
+    gpu: Any = None,
+    cpu: Any = None,
+    repeatable: bool = False,
+) -> Any:
+    """Declare one setting as a :class:`Settings` field, whose name and annotation are the setting's.
+
+    The field gets no dataclass default: :func:`resolve` always passes every value. A repeatable
+    setting's ``parse`` applies to each item.
+    """
+    # A dataclasses.Field, typed by the overloads as the value so that mypy holds ``parse``, ``default``
+    # and the profile defaults to the field's annotation.
+    declared = {"parse": parse, "default": default, "help": help, "metavar": metavar}
+    declared |= {"gpu": gpu, "cpu": cpu, "repeatable": repeatable}
+    return field(metadata={_SPEC: declared})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved configuration of one pytest run: one typed field per setting, declared here once.
+
+    Help text follows pytest's rules: capitalised, no final period for a single phrase.
+    """
+
+    # First, because type checkers take every setting(...) for a dataclass default.
+    sources: dict[str, str]  # setting name -> where its value came from
+    profile: str | None = setting(
         _profile,
         None,
-        "Where servers come from: gpu (the configured model on this node's GPUs) or "
-        "cpu (vLLM's CPU build with a generated tiny model, lengths scaled down). --gpu-node and --cpu-node "
-        "are shorthands. Without a profile every APC test is skipped",
+        (
+            "Where servers come from: gpu (the configured model on this node's GPUs) or "
+            "cpu (vLLM's CPU build with a generated tiny model, lengths scaled down). --gpu-node and --cpu-node "
+            "are shorthands. Without a profile every APC test is skipped"
+        ),
         "gpu|cpu",
-    ),
-    Spec(
-        "without_profile",
+    )
+    without_profile: str = setting(
         _one_of("skip", "fail"),
         "skip",
-        "What the selected APC tests do when no profile is given: skip, or fail the run (exit code 4) so that "
-        "a release pipeline that lost --gpu-node goes red instead of green; set it in the pipeline's ini "
-        "file or environment",
+        (
+            "What the selected APC tests do when no profile is given: skip, or fail the run (exit code 4) so that "
+            "a release pipeline that lost --gpu-node goes red instead of green; set it in the pipeline's ini "
+            "file or environment"
+        ),
         "skip|fail",
-    ),
-    Spec(
-        "model",
+    )
+    model: str = setting(
         _str,
         "",
         "Model served by both servers (path or name). GPU default: $MODEL_70B; CPU default: the generated tiny model",
         "PATH",
         cpu="",
-    ),
-    Spec(
-        "model_shape",
+    )
+    model_shape: str = setting(
         _model_shape,
         "",
-        "Serve a known architecture shape with random weights instead of a model (llama-3.1-8b, "
-        "llama-3.1-70b): a generated config and tokenizer, vLLM's --load-format dummy. For validating a node or "
-        "a vLLM build before weights are staged; answers are noise, APC and timing are real",
+        (
+            "Serve a known architecture shape with random weights instead of a model (llama-3.1-8b, "
+            "llama-3.1-70b): a generated config and tokenizer, vLLM's --load-format dummy. For validating a node or "
+            "a vLLM build before weights are staged; answers are noise, APC and timing are real"
+        ),
         "SHAPE",
-    ),
-    Spec("tokenizer", _str, "", "Tokenizer for the benchmark client. Default: the model", "PATH"),
-    Spec("served_model_name", _str, "apc-model", "Model name the servers expose and the benchmark requests", "NAME"),
-    Spec(
-        "tensor_parallel_size",
-        _non_negative_int,
-        0,
-        "Tensor-parallel size of the GPU servers. 0: the number of visible GPUs",
-        "N",
-        cpu=1,
-    ),
-    Spec(
-        "server_arg",
+    )
+    tokenizer: str = setting(_str, "", "Tokenizer for the benchmark client. Default: the model", "PATH")
+    served_model_name: str = setting(
+        _str, "apc-model", "Model name the servers expose and the benchmark requests", "NAME"
+    )
+    tensor_parallel_size: int = setting(
+        _non_negative_int, 0, "Tensor-parallel size of the GPU servers. 0: the number of visible GPUs", "N", cpu=1
+    )
+    server_arg: tuple[str, ...] = setting(
         _str,
         (),
-        "Extra argument appended to both vLLM server command lines after the "
-        "plugin's own flags (repeatable; env and ini take a shell-quoted line)",
+        (
+            "Extra argument appended to both vLLM server command lines after the "
+            "plugin's own flags (repeatable; env and ini take a shell-quoted line)"
+        ),
         "ARG",
         repeatable=True,
-    ),
-    Spec(
-        "server_command",
+    )
+    server_command: tuple[str, ...] = setting(
         _args,
         ("{python}", "-m", "vllm.entrypoints.openai.api_server"),
         "Command that starts one vLLM OpenAI server; {python} is this interpreter",
         "CMD",
-    ),
-    Spec(
-        "launcher",
+    )
+    launcher: tuple[str, ...] = setting(
         _args,
         (),
-        "Command prefix for launching servers (a container runtime, srun, a wrapper script), e.g. "
-        "'srun --ntasks=1 --'; the server command follows it",
+        (
+            "Command prefix for launching servers (a container runtime, srun, a wrapper script), e.g. "
+            "'srun --ntasks=1 --'; the server command follows it"
+        ),
         "CMD",
-    ),
-    Spec(
-        "url_on",
+    )
+    url_on: str = setting(
         _url,
         "",
-        "Validate an APC-on server running elsewhere instead of launching one (readiness and the mode check "
-        "still apply; the plugin never stops it; it needs VLLM_SERVER_DEV_MODE=1 for cache resets)",
+        (
+            "Validate an APC-on server running elsewhere instead of launching one (readiness and the mode check "
+            "still apply; the plugin never stops it; it needs VLLM_SERVER_DEV_MODE=1 for cache resets)"
+        ),
         "URL",
-    ),
-    Spec("url_off", _url, "", "Validate an APC-off server running elsewhere instead of launching one", "URL"),
-    Spec(
-        "api_key",
+    )
+    url_off: str = setting(_url, "", "Validate an APC-off server running elsewhere instead of launching one", "URL")
+    api_key: str = setting(
         _str,
         "",
-        "API key: passed as --api-key to launched servers and as a bearer token to every request; redacted "
-        "from logs, reports and the results file",
+        (
+            "API key: passed as --api-key to launched servers and as a bearer token to every request; redacted "
+            "from logs, reports and the results file"
+        ),
         "KEY",
-    ),
-    Spec(
-        "kv_check",
+    )
+    kv_check: str = setting(
         _one_of("warn", "fail"),
         "warn",
-        "When concurrency x prompt blocks exceeds the server's KV-cache blocks: warn (a warning and a line in "
-        "the results) or fail (the affected runs fail before measuring)",
+        (
+            "When concurrency x prompt blocks exceeds the server's KV-cache blocks: warn (a warning and a line in "
+            "the results) or fail (the affected runs fail before measuring)"
+        ),
         "warn|fail",
-    ),
-    Spec("host", _str, "127.0.0.1", "Address the launched servers bind to and the benchmark connects to", "ADDR"),
-    Spec("startup_timeout", _positive_float, 1800.0, "Seconds a server may take to become ready", "SECONDS", cpu=600.0),
-    Spec(
-        "stop_timeout",
-        _positive_float,
-        60.0,
-        "Seconds between SIGTERM and SIGKILL when stopping a server",
-        "SECONDS",
-        cpu=20.0,
-    ),
-    Spec("bench_timeout", _positive_float, 3600.0, "Seconds one benchmark run may take", "SECONDS", cpu=600.0),
-    Spec(
-        "results_dir",
+    )
+    host: str = setting(_str, "127.0.0.1", "Address the launched servers bind to", "ADDR")
+    connect_host: str = setting(
+        _str,
+        "",
+        (
+            "Address the benchmark and the plugin use to reach launched servers. Default: the bind address, "
+            "or 127.0.0.1 when the servers bind every interface (0.0.0.0 or ::)"
+        ),
+        "ADDR",
+    )
+    startup_timeout: float = setting(
+        _positive_float, 1800.0, "Seconds a server may take to become ready", "SECONDS", cpu=600.0
+    )
+    stop_timeout: float = setting(
+        _positive_float, 60.0, "Seconds between SIGTERM and SIGKILL when stopping a server", "SECONDS", cpu=20.0
+    )
+    bench_timeout: float = setting(_positive_float, 3600.0, "Seconds one benchmark run may take", "SECONDS", cpu=600.0)
+    results_dir: str = setting(
         _str,
         "apc-results",
         "Folder for this run's results (one subfolder per run: results.json, server logs, raw benchmark results)",
         "DIR",
-    ),
-    Spec(
-        "json",
+    )
+    json: str = setting(
         _str,
         "",
-        "Results file, rewritten after every measurement. Default: results.json in "
-        "the run's folder under --apc-results-dir",
+        (
+            "Results file, rewritten after every measurement. Default: results.json in "
+            "the run's folder under --apc-results-dir"
+        ),
         "PATH",
-    ),
-    Spec(
-        "markdown",
+    )
+    markdown: str = setting(
         _str,
         "",
-        "Markdown summary file. Default: summary.md in the run's folder; also appended to $GITHUB_STEP_SUMMARY "
-        "when that is set",
+        (
+            "Markdown summary file. Default: summary.md in the run's folder; also appended to $GITHUB_STEP_SUMMARY "
+            "when that is set"
+        ),
         "PATH",
-    ),
-    Spec(
-        "baseline",
+    )
+    baseline: str = setting(
         _str,
         "",
-        "A results.json of an earlier run to compare with: regressions beyond --apc-baseline-tolerance fail "
-        "the session",
+        (
+            "A results.json of an earlier run to compare with: regressions beyond --apc-baseline-tolerance fail "
+            "the session"
+        ),
         "PATH",
-    ),
-    Spec(
-        "baseline_tolerance",
+    )
+    baseline_tolerance: dict[str, tuple[str, float]] = setting(  # noqa: RUF009 - a field, not a shared default
         _tolerances,
         DEFAULT_TOLERANCES,
-        "Allowed regression per metric against the baseline: ttft_on (median TTFT of ON runs may rise), "
-        "speedup (TTFT gain OFF/ON may fall), cached_tokens (may fall); each as N% or an absolute number, "
-        "e.g. ttft_on=10%,speedup=0.5,cached_tokens=0",
+        (
+            "Allowed regression per metric against the baseline: ttft_on (median TTFT of ON runs may rise), "
+            "speedup (TTFT gain OFF/ON may fall), cached_tokens (may fall); each as N% or an absolute number, "
+            "e.g. ttft_on=10%,speedup=0.5,cached_tokens=0"
+        ),
         "METRIC=N[%],...",
         cpu={"ttft_on": ("%", 50.0), "speedup": ("%", 50.0), "cached_tokens": ("%", 0.0)},
-    ),
-    Spec("num_prompts", _positive_int, 30, "Prompts per benchmark run", "N"),
-    Spec("output_len", _positive_int, 256, "Output tokens per request (before scaling)", "TOKENS"),
-    Spec("concurrency", _positive_int, 8, "Default --max-concurrency of the six cases", "N"),
-    Spec("sweep_concurrency", _int_list, (1, 2, 4, 8), "Concurrency levels of the sweep over cases C-F", "N,N,..."),
-    Spec(
-        "sweep_cases",
-        _cases,
-        "CDEF",
-        "Cases the concurrency sweep covers (a subset of CDEF, e.g. CD when GPU time is short)",
-        "CASES",
-    ),
-    Spec("prefix_len", _positive_int, 32768, "Shared prefix of the pure cases C/D (before scaling)", "TOKENS"),
-    Spec("suffix_len", _positive_int, 1024, "Unique suffix of the pure cases C/D (before scaling)", "TOKENS"),
-    Spec("rag_prefix_len", _positive_int, 32000, "Shared prefix of the agent/RAG cases E/F (before scaling)", "TOKENS"),
-    Spec(
-        "input_len",
-        _positive_int,
-        32768,
-        "Unique input of the overhead cases A/B and the suffix of E/F (before scaling)",
-        "TOKENS",
-    ),
-    Spec(
-        "length_scale",
+    )
+    num_prompts: int = setting(_positive_int, 30, "Prompts per benchmark run", "N")
+    output_len: int = setting(_positive_int, 256, "Output tokens per request (before scaling)", "TOKENS")
+    concurrency: int = setting(_positive_int, 8, "Default --max-concurrency of the six cases", "N")
+    sweep_concurrency: tuple[int, ...] = setting(
+        _int_list, (1, 2, 4, 8), "Concurrency levels of the sweep over cases C-F", "N,N,..."
+    )
+    sweep_cases: str = setting(
+        _cases, "CDEF", "Cases the concurrency sweep covers (a subset of CDEF, e.g. CD when GPU time is short)", "CASES"
+    )
+    prefix_len: int = setting(_positive_int, 32768, "Shared prefix of the pure cases C/D (before scaling)", "TOKENS")
+    suffix_len: int = setting(_positive_int, 1024, "Unique suffix of the pure cases C/D (before scaling)", "TOKENS")
+    rag_prefix_len: int = setting(
+        _positive_int, 32000, "Shared prefix of the agent/RAG cases E/F (before scaling)", "TOKENS"
+    )
+    input_len: int = setting(
+        _positive_int, 32768, "Unique input of the overhead cases A/B and the suffix of E/F (before scaling)", "TOKENS"
+    )
+    length_scale: float = setting(
         _fraction,
         1.0,
         "Factor applied to every length above (the CPU profile uses 1/16: 32768 -> 2048)",
         "FACTOR",
         cpu=CPU_LENGTH_SCALE,
-    ),
-    Spec("seed", _non_negative_int, 0, "Seed of the benchmark's prompt generation (same for ON and OFF)", "N"),
-    Spec(
-        "max_model_len",
+    )
+    seed: int = setting(_non_negative_int, 0, "Seed of the benchmark's prompt generation (same for ON and OFF)", "N")
+    max_model_len: int = setting(
         _non_negative_int,
         0,
-        "Value of --max-model-len for both servers. 0: the longest workload plus output, with room for "
-        "the chat template",
+        (
+            "Value of --max-model-len for both servers. 0: the longest workload plus output, with room for "
+            "the chat template"
+        ),
         "TOKENS",
-    ),
-    Spec("repeats", _positive_int, 1, "Cold runs per measurement; their per-request samples are pooled", "N"),
-    Spec(
-        "confidence",
-        _fraction,
-        0.95,
-        "Confidence of the bootstrap intervals behind every timing verdict",
-        "FRACTION",
-    ),
-    Spec("bootstrap_samples", _positive_int, 2000, "Bootstrap resamples per interval (numpy, seeded)", "N"),
-    Spec(
-        "overhead_tolerance",
+    )
+    repeats: int = setting(_positive_int, 1, "Cold runs per measurement; their per-request samples are pooled", "N")
+    confidence: float = setting(
+        _fraction, 0.95, "Confidence of the bootstrap intervals behind every timing verdict", "FRACTION"
+    )
+    bootstrap_samples: int = setting(_positive_int, 2000, "Bootstrap resamples per interval (numpy, seeded)", "N")
+    overhead_tolerance: float = setting(
         _positive_float,
         0.10,
-        "How much slower APC on may be than off before A/B, and E/F at higher concurrency, fail: median TTFT "
-        "is judged on its bootstrap interval, the benchmark duration on its mean over repeats",
+        (
+            "How much slower APC on may be than off before A/B, and E/F at higher concurrency, fail: median TTFT "
+            "is judged on its bootstrap interval, the benchmark duration on its mean over repeats"
+        ),
         "FRACTION",
         cpu=0.50,
-    ),
-    Spec(
-        "low_concurrency",
+    )
+    low_concurrency: int = setting(
         _positive_int,
         1,
-        "Concurrency up to which E/F must show a significant TTFT gain (above it queueing dominates TTFT "
-        "and only the duration is held to not being slower)",
+        (
+            "Concurrency up to which E/F must show a significant TTFT gain (above it queueing dominates TTFT "
+            "and only the duration is held to not being slower)"
+        ),
         "N",
-    ),
-    Spec(
-        "pure_gain_concurrency",
+    )
+    pure_gain_concurrency: int = setting(
         _non_negative_int,
         0,
-        "Concurrency up to which C/D must show a significant median-TTFT gain (0: every level). Above it the "
-        "pair is held to not being slower and the gain is reported: on a 2-core CPU the server's own request "
-        "handling competes with the engine for the cores, so TTFT at high concurrency is not prefill",
+        (
+            "Concurrency up to which C/D must show a significant median-TTFT gain (0: every level). Above it the "
+            "pair is held to not being slower and the gain is reported: on a 2-core CPU the server's own request "
+            "handling competes with the engine for the cores, so TTFT at high concurrency is not prefill"
+        ),
         "N",
         cpu=1,
-    ),
-    Spec(
-        "min_bound_fraction",
+    )
+    min_bound_fraction: float = setting(
         _fraction_or_zero,
         0.10,
-        "Where a significant TTFT gain is required, it must also come this fraction of the way from 1x to its "
-        "bound (the modelled one, else the prefill-token bound), so that a negligible gain such as 1.05x "
-        "against 15.9x fails; 0 = report only. The H200 reached 0.35-0.80 (C/D) and 0.54 (E/F at 1)",
+        (
+            "Where a significant TTFT gain is required, it must also come this fraction of the way from 1x to its "
+            "bound (the modelled one, else the prefill-token bound), so that a negligible gain such as 1.05x "
+            "against 15.9x fails; 0 = report only. The H200 reached 0.35-0.80 (C/D) and 0.54 (E/F at 1)"
+        ),
         "FRACTION",
         cpu=0.0,
-    ),
-    Spec(
-        "hash_algos",
+    )
+    hash_algos: tuple[str, ...] = setting(
         _hash_algos,
         (),
         "Prefix-caching hash algorithms to compare, one APC-on server each (default: only the server's default)",
         "ALGO,...",
-    ),
-)
-SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The resolved configuration of one pytest run."""
-
-    values: dict[str, Any]
-    sources: dict[str, str] = field(default_factory=dict)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    )
 
     @property
     def enabled(self) -> bool:
-        return self.values["profile"] is not None
+        return self.profile is not None
 
     @property
     def model_label(self) -> str:
         """What the servers will serve, in words, before the model exists on disk."""
-        if self.values["model"]:
-            return model_path_for_display(self.values["model"])
-        if self.values["model_shape"]:
-            return f"generated {self.values['model_shape']}-shaped model (random weights)"
+        if self.model:
+            return model_path_for_display(self.model)
+        if self.model_shape:
+            return f"generated {self.model_shape}-shaped model (random weights)"
         return "generated tiny model"
 
     def scaled(self, tokens: int) -> int:
         """A workload length after ``length_scale``; never below one token."""
-        return max(1, round(tokens * self.values["length_scale"]))
+        return max(1, round(tokens * self.length_scale))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every setting's value by name, in declaration order (without ``sources``)."""
+        return {spec.name: getattr(self, spec.name) for spec in SPECS}
+
+
+# The settings table, in declaration order, for the options, the resolution and the docs.
+SPECS: tuple[Spec, ...] = tuple(Spec(f.name, **f.metadata[_SPEC]) for f in fields(Settings) if _SPEC in f.metadata)
+SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -529,28 +579,37 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
                 "No model for --gpu-node: set --apc-model PATH, PYTEST_APC_MODEL, ini apc_model or $MODEL_70B "
                 "(or --apc-model-shape for random weights)"
             )
-    _check_lengths(values, sources)
-    return Settings(values, sources)
+    if not values["connect_host"]:
+        values["connect_host"] = connect_address(values["host"])
+        sources["connect_host"] = "derived from apc_host"
+    settings = Settings(**values, sources=sources)
+    _check_lengths(settings)
+    return settings
 
 
-def _check_lengths(values: dict[str, Any], sources: dict[str, str]) -> None:
+def connect_address(bind_host: str) -> str:
+    """Where a client reaches a server bound to ``bind_host``: a wildcard address is not one to connect to."""
+    return "127.0.0.1" if bind_host in WILDCARD_HOSTS else bind_host
+
+
+def _check_lengths(settings: Settings) -> None:
+    # Imported here: cases.py imports this module.
+    from pytest_apc.cases import longest_request_tokens
+
+    scale = settings.length_scale
     for name in ("prefix_len", "rag_prefix_len", "input_len", "suffix_len", "output_len"):
-        if round(values[name] * values["length_scale"]) < 1:
+        value = getattr(settings, name)
+        if round(value * scale) < 1:
             raise SettingError(
-                f"Invalid {SPEC_BY_NAME[name].ini} {values[name]!r} from {sources[name]}: "
-                f"scaled by length_scale {values['length_scale']} it is below one token"
+                f"Invalid {SPEC_BY_NAME[name].ini} {value!r} from {settings.sources[name]}: "
+                f"scaled by length_scale {scale} it is below one token"
             )
-    max_len = values["max_model_len"]
+    max_len = settings.max_model_len
     if max_len:
-        longest = max(
-            values["prefix_len"] + values["suffix_len"],
-            values["rag_prefix_len"] + values["input_len"],
-            values["input_len"],
-        )
-        longest = round(longest * values["length_scale"]) + round(values["output_len"] * values["length_scale"])
+        longest = longest_request_tokens(settings)
         if longest > max_len:
             raise SettingError(
-                f"Invalid apc_max_model_len {max_len} from {sources['max_model_len']}: the longest workload "
+                f"Invalid apc_max_model_len {max_len} from {settings.sources['max_model_len']}: the longest workload "
                 f"needs {longest} tokens (prefix + suffix + output) plus the chat template"
             )
 

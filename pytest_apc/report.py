@@ -43,7 +43,8 @@ def header_lines(settings: Settings, verbose: bool) -> list[str]:
     ]
     if verbose:
         lines += [
-            redact(f"apc: {name}={value!r} ({settings.sources.get(name)})") for name, value in settings.values.items()
+            redact(f"apc: {name}={value!r} ({settings.sources.get(name)})")
+            for name, value in settings.as_dict().items()
         ]
     return lines
 

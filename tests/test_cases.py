@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_apc.cases import RunKey, Workload, predict
+from pytest_apc import config
+from pytest_apc.cases import FAMILIES, RunKey, Workload, longest_request_tokens, predict, workload_for
 
 
 def test_run_key_ids_round_trip() -> None:
@@ -36,3 +37,11 @@ def test_prediction_counts_the_template_header_in_whole_blocks() -> None:
     assert predict(w, 26, 128, 64263).expected_hits == 29 * 2048
     # Header alone spanning one block of 16 gives hits without a shared prefix (case B).
     assert predict(Workload("overhead", 0, 2048, 16, 30, 0), 26, 16, 0).expected_hits == 29 * 16
+
+
+def test_longest_request_is_the_longest_family(pytester: pytest.Pytester) -> None:
+    settings = config.resolve(pytester.parseconfig("--cpu-node"), environ={})
+    lengths = {f: workload_for(f, settings).prompt_len + workload_for(f, settings).output_len for f in FAMILIES}
+    # CPU profile, scale 1/16: rag = 2000 prefix + 2048 input + 16 output.
+    assert lengths["rag"] == 4064
+    assert longest_request_tokens(settings) == max(lengths.values()) == 4064

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
+
 import pytest
 
 from pytest_apc import config as apc_config
@@ -61,6 +65,12 @@ def test_profile_from_ini(pytester: pytest.Pytester) -> None:
         (["--apc-hash-algos=md5"], {}, "unknown hash algorithm 'md5'"),
         (["--apc-profile=tpu"], {}, "Invalid apc_profile 'tpu'"),
         (["--apc-length-scale=2"], {}, "must be in (0, 1]"),
+        (["--apc-length-scale=0"], {}, "must be in (0, 1]"),
+        (["--apc-min-bound-fraction=1.5"], {}, "must be in [0, 1]"),
+        (["--apc-startup-timeout=0"], {}, "must be > 0"),
+        (["--apc-startup-timeout=nan"], {}, "must be > 0"),
+        (["--apc-seed=-1"], {}, "Invalid apc_seed '-1' from option --apc-seed: must be >= 0"),
+        (["--apc-sweep-concurrency=1,0"], {}, "must be a positive integer"),
     ],
 )
 def test_invalid_values_name_setting_and_source(pytester: pytest.Pytester, args, env, message) -> None:
@@ -104,3 +114,71 @@ def test_every_setting_has_option_ini_and_env() -> None:
         assert spec.env == "PYTEST_APC_" + spec.name.upper()
         assert spec.help
         assert spec.help[0].isupper()
+
+
+def test_number_validator_bounds() -> None:
+    fraction_or_zero = apc_config.number(float, low=0, high=1)
+    assert fraction_or_zero("0") == 0.0
+    assert fraction_or_zero("1") == 1.0
+    assert apc_config.number(int, low=0)("0") == 0
+    with pytest.raises(ValueError, match=r"must be in \(0, 1\]"):
+        apc_config.number(float, low=0, low_open=True, high=1)("0")
+    with pytest.raises(ValueError, match="invalid literal"):
+        apc_config.number(int, low=1)("1.5")
+
+
+def test_connect_host_defaults_to_the_bind_address(pytester: pytest.Pytester) -> None:
+    settings = resolve(pytester)
+    assert settings.connect_host == settings.host == "127.0.0.1"
+    assert settings.sources["connect_host"] == "derived from apc_host"
+    assert resolve(pytester, "--apc-host=10.0.0.5").connect_host == "10.0.0.5"
+
+
+@pytest.mark.parametrize("wildcard", ["0.0.0.0", "::"])
+def test_connect_host_for_a_wildcard_bind_is_loopback(pytester: pytest.Pytester, wildcard: str) -> None:
+    settings = resolve(pytester, env={"PYTEST_APC_HOST": wildcard})
+    assert settings.host == wildcard
+    assert settings.connect_host == "127.0.0.1"
+
+
+def test_explicit_connect_host_wins(pytester: pytest.Pytester) -> None:
+    settings = resolve(pytester, "--apc-host=0.0.0.0", ini="apc_connect_host = node7.cluster")
+    assert settings.connect_host == "node7.cluster"
+    assert settings.sources["connect_host"] == "ini key apc_connect_host"
+
+
+def _mentions_any(hint: object) -> bool:
+    return hint is typing.Any or any(_mentions_any(arg) for arg in typing.get_args(hint))
+
+
+def _conforms(value: object, hint: object) -> bool:
+    """A shallow isinstance check of a declared default against the field's annotation."""
+    if isinstance(hint, types.UnionType):
+        return any(_conforms(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint) or hint
+    return isinstance(value, origin) and not (origin is int and isinstance(value, bool))  # type: ignore[arg-type]
+
+
+def test_settings_fields_and_specs_agree_and_are_typed() -> None:
+    hints = typing.get_type_hints(apc_config.Settings)
+    names = [f.name for f in dataclasses.fields(apc_config.Settings) if f.name != "sources"]
+    assert names == [spec.name for spec in apc_config.SPECS]
+    assert list(apc_config.setting_names()) == names
+    for spec in apc_config.SPECS:
+        hint = hints[spec.name]
+        assert not _mentions_any(hint), spec.name
+        for value in (spec.default, spec.gpu, spec.cpu):
+            if value is not None or spec is apc_config.SPEC_BY_NAME["profile"]:
+                assert _conforms(value, hint), (spec.name, value, hint)
+    assert hints["sources"] == dict[str, str]
+
+
+def test_as_dict_lists_every_setting_in_order(pytester: pytest.Pytester) -> None:
+    settings = resolve(pytester, "--cpu-node")
+    values = settings.as_dict()
+    assert list(values) == [spec.name for spec in apc_config.SPECS]
+    assert values["num_prompts"] == settings.num_prompts
+    assert "sources" not in values
+    assert not hasattr(settings, "values")
