@@ -390,7 +390,7 @@ def diagnose_extra_hits(run: RunRecord, hits: int) -> str:
 
 
 def diagnose_short_hits(run: RunRecord, d: Delta | None) -> str:
-    """The likeliest cause of too few hits, from what was measured (checked in the review's order)."""
+    """The likeliest cause of too few hits, from what was measured (most direct evidence first: no lookups, preemptions, capacity, block size)."""
     info = run.server
     p = run.prediction
     causes = []
