@@ -123,13 +123,13 @@ def bench_clean(run: RunRecord) -> Verdict:
 
 def apc_really_off(run: RunRecord) -> Verdict:
     """An APC-off server looks nothing up and hits nothing, while it still counts the prompt tokens."""
-    lines, ok, numbers = [], True, {}
+    lines, per_repeat, failed = [], [], []
     for repeat, d in run.require_counters():
         tokens = int(repeat.bench["total_input_tokens"])
         computed = d.prefill_computed
         good = d.prefix_cache_queries == 0 and d.prefix_cache_hits == 0 and computed == tokens
-        ok = ok and good
-        numbers = {"queries": d.prefix_cache_queries, "hits": d.prefix_cache_hits, "computed_tokens": computed}
+        per_repeat.append({"queries": d.prefix_cache_queries, "hits": d.prefix_cache_hits, "computed_tokens": computed})
+        failed.append(not good)
         lines.append(
             f"{run.key.id} (APC off): prefix-cache queries {d.prefix_cache_queries}, hits {d.prefix_cache_hits} "
             f"(both must be 0); prompt tokens computed {computed} (must equal the benchmark's {tokens})"
@@ -138,7 +138,16 @@ def apc_really_off(run: RunRecord) -> Verdict:
             lines.append("diagnosis: the OFF server looked up the prefix cache, so it is not really off")
         elif not good:
             lines.append("diagnosis: the server did not count every prompt token (requests lost or still running)")
-    return Verdict("apc_really_off", [run.key.id], ok, "\n".join(lines), numbers)
+    return Verdict(
+        "apc_really_off", [run.key.id], not any(failed), "\n".join(lines), _repeat_numbers(per_repeat, failed)
+    )
+
+
+def _repeat_numbers(per_repeat: list[dict[str, Any]], failed: list[bool]) -> dict[str, Any]:
+    """Every repeat's numbers, and at the top level those of the first repeat that failed (else the first),
+    so that the results file shows what failed without hiding the other repeats."""
+    shown = per_repeat[failed.index(True)] if any(failed) else per_repeat[0]
+    return {**shown, "repeats": per_repeat}
 
 
 def cached_tokens_match(run: RunRecord) -> Verdict:
@@ -151,8 +160,9 @@ def cached_tokens_match(run: RunRecord) -> Verdict:
             f"cannot predict the hits of run {run.key.id}: block size {run.block_size or 'unknown'}, chat header "
             f"tokens {header} ({why})"
         )
-    lines, problems, numbers = [], [], {}
+    lines, problems, per_repeat, failed = [], [], [], []
     for repeat, d in run.require_counters():
+        known = len(problems)
         tokens = int(repeat.bench["total_input_tokens"])
         hits, queries = int(d.prefix_cache_hits or 0), int(d.prefix_cache_queries or 0)
         too_few = hits < p.expected_hits - p.tolerance or (hits == 0 and p.expected_hits > 0)
@@ -174,21 +184,24 @@ def cached_tokens_match(run: RunRecord) -> Verdict:
             f"(shared prefix S = {run.header_tokens} template + {run.workload.prefix_len} prefix tokens) "
             f"{_window(p)}"
         )
-        numbers = {
-            "hits": hits,
-            "queries": queries,
-            "expected_hits": p.expected_hits,
-            "tolerance": p.tolerance,
-            "tolerance_above": p.tolerance_above,
-            "computed_tokens": d.computed_tokens,
-            "cached_tokens": d.cached_tokens,
-        }
+        per_repeat.append(
+            {
+                "hits": hits,
+                "queries": queries,
+                "expected_hits": p.expected_hits,
+                "tolerance": p.tolerance,
+                "tolerance_above": p.tolerance_above,
+                "computed_tokens": d.computed_tokens,
+                "cached_tokens": d.cached_tokens,
+            }
+        )
         if too_few:
             problems.append("diagnosis: " + diagnose_short_hits(run, d))
         elif too_many:
             problems.append("diagnosis: " + diagnose_extra_hits(run, hits))
+        failed.append(len(problems) > known)
     message = "\n".join(lines + [f"- {problem}" for problem in dict.fromkeys(problems)])
-    return Verdict("cached_tokens_match", [run.key.id], not problems, message, numbers)
+    return Verdict("cached_tokens_match", [run.key.id], not problems, message, _repeat_numbers(per_repeat, failed))
 
 
 def prefill_saved(pair: Pair) -> Verdict:

@@ -282,3 +282,33 @@ def test_prefill_cost_fit_is_non_negative_least_squares_not_clipping() -> None:
     assert prefill_cost_residual(fit, lengths, seconds) <= grid[i, j] + 1e-12
     assert fit == pytest.approx((a_grid[i, j], b_grid[i, j]), abs=2 / 800)
     assert fit == pytest.approx((0.0, float(np.sum(x**2 * y) / np.sum(x**4))))
+
+
+def test_every_repeat_reaches_the_numbers_and_the_first_failure_leads(pytester) -> None:
+    """With --apc-repeats 2, a first repeat that failed is kept next to a second one that passed."""
+    import dataclasses
+
+    s = settings(pytester)
+    off = record(s, "C", 8, off_delta(s, "C"), 120.0)
+    tokens = int(off.bench["total_input_tokens"])
+    looked_up = dataclasses.replace(off.repeats[0], delta=delta(tokens, 0))  # an OFF server that queried
+    off = dataclasses.replace(off, repeats=[looked_up, off.repeats[0]])
+    v = verdict.apc_really_off(off)
+    assert not v.passed
+    assert [r["queries"] for r in v.numbers["repeats"]] == [tokens, 0]
+    assert v.numbers["queries"] == tokens  # the failed repeat, not the last one
+
+    on = record(s, "D", 8, delta(tokens, off.prediction.expected_hits), 40.0)
+    short = dataclasses.replace(on.repeats[0], delta=delta(tokens, on.prediction.expected_hits // 2))
+    on = dataclasses.replace(on, repeats=[short, on.repeats[0]])
+    v = verdict.cached_tokens_match(on)
+    assert not v.passed
+    assert [r["hits"] for r in v.numbers["repeats"]] == [on.prediction.expected_hits // 2, on.prediction.expected_hits]
+    assert v.numbers["hits"] == on.prediction.expected_hits // 2
+    assert v.numbers["expected_hits"] == on.prediction.expected_hits
+
+    healthy = dataclasses.replace(on, repeats=[on.repeats[1], on.repeats[1]])
+    v = verdict.cached_tokens_match(healthy)
+    assert v.passed
+    assert len(v.numbers["repeats"]) == 2
+    assert v.numbers["hits"] == on.prediction.expected_hits
