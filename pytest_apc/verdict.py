@@ -109,21 +109,11 @@ def not_comparable(a: RunRecord, b: RunRecord) -> list[str]:
     return problems
 
 
-def bench_clean(run: RunRecord) -> Verdict:
-    """Every request of every repeat completed (the benchmark's exit code says nothing about this)."""
-    bad = [r for r in run.repeats if int(r.bench["completed"]) != run.workload.num_prompts or int(r.bench["failed"])]
-    b = (bad or run.repeats)[0].bench
-    return Verdict(
-        "bench_clean", [run.key.id], not bad,
-        f"{run.key.id}: completed {b['completed']} of {run.workload.num_prompts} requests, failed {b['failed']}"
-        + (f" (in {len(bad)} of {len(run.repeats)} repeats)" if bad else ""),
-        {"completed": b["completed"], "failed": b["failed"]},
-    )  # fmt: skip
-
-
 def apc_really_off(run: RunRecord) -> Verdict:
     """An APC-off server looks nothing up and hits nothing, while it still counts the prompt tokens."""
-    lines, per_repeat, failed = [], [], []
+    lines: list[str] = []
+    per_repeat: list[dict[str, Any]] = []
+    failed: list[bool] = []
     for repeat, d in run.require_counters():
         tokens = int(repeat.bench["total_input_tokens"])
         computed = d.prefill_computed
@@ -160,7 +150,10 @@ def cached_tokens_match(run: RunRecord) -> Verdict:
             f"cannot predict the hits of run {run.key.id}: block size {run.block_size or 'unknown'}, chat header "
             f"tokens {header} ({why})"
         )
-    lines, problems, per_repeat, failed = [], [], [], []
+    lines: list[str] = []
+    problems: list[str] = []
+    per_repeat: list[dict[str, Any]] = []
+    failed: list[bool] = []
     for repeat, d in run.require_counters():
         known = len(problems)
         tokens = int(repeat.bench["total_input_tokens"])
@@ -403,7 +396,8 @@ def diagnose_extra_hits(run: RunRecord, hits: int) -> str:
 
 
 def diagnose_short_hits(run: RunRecord, d: Delta | None) -> str:
-    """The likeliest cause of too few hits, from what was measured (most direct evidence first: no lookups, preemptions, capacity, block size)."""
+    """The likeliest cause of too few hits, from what was measured; the most direct evidence first (no
+    lookups, preemptions, KV-cache capacity, block size)."""
     info = run.server
     p = run.prediction
     causes = []

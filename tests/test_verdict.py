@@ -271,7 +271,7 @@ def test_prefill_cost_fit_is_non_negative_least_squares_not_clipping() -> None:
 
     fit = fit_prefill_cost(lengths, seconds)
     assert fit is not None
-    assert fit[0] >= 0 and fit[1] >= 0
+    assert min(fit) >= 0
     assert prefill_cost_residual(fit, lengths, seconds) < prefill_cost_residual(clipped, lengths, seconds) - 1
     assert fit != pytest.approx(clipped)
 
