@@ -59,10 +59,7 @@ class ApcSession:
     errors: dict[RunKey, str] = field(default_factory=dict)
     launches: Counter[str] = field(default_factory=Counter)
     servers: dict[str, ServerInfo] = field(default_factory=dict)
-    verdicts: list[dict[str, Any]] = field(default_factory=list)
-    extra_json: dict[str, Any] = field(default_factory=dict)  # environment, pairs, gate, files (controller)
     warnings: list[str] = field(default_factory=list)
-    failed_runs: set[str] = field(default_factory=set)  # run ids of failed tests (controller)
     started_wall: float = field(default_factory=time.monotonic)
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     server_seconds: float = 0.0
@@ -432,8 +429,6 @@ class ApcSession:
             "runs": [r.to_json() for r in records],
             "errors": {k.id: v for k, v in sorted(self.errors.items())},
             "warnings": self.warnings,
-            "verdicts": self.verdicts,
-            **self.extra_json,
             "timing": {
                 "suite_elapsed_s": round(elapsed, 3),
                 "server_lifecycle_s": round(self.server_seconds, 3),
@@ -451,10 +446,13 @@ class ApcSession:
     def json_model(self) -> str:
         return self._model or self.settings.model or self.settings.model_label
 
-    def write_json(self) -> None:
+    def write_json(self, extra: dict[str, Any] | None = None) -> None:
+        """Rewrite the results file: what is measured so far, and ``extra`` (the report's part, at the end).
+        "verdicts" is required by the schema; only the controller's final write knows them."""
+        data = {**self.to_json(), "verdicts": [], **(extra or {})}
         self.json_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.json_path.with_suffix(".tmp")
-        tmp.write_text(redact(json.dumps(self.to_json(), indent=2, default=str)))
+        tmp.write_text(redact(json.dumps(data, indent=2, default=str)))
         os.replace(tmp, self.json_path)
 
     def close(self, write: bool = True) -> None:
