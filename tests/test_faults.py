@@ -170,7 +170,9 @@ def test_an_offload_tier_is_reset_too(tmp_path, run_inner) -> None:
     """A server with a KV offload tier keeps prefixes through a plain reset (vllm#57727): the plugin
     asks for reset_external, so D at 1 and 2 (same prefix, one after the other) both start cold and
     hit alike (a tier left warm gives the second run one more request's share)."""
-    one_verdict_test(tmp_path, "'D', sweep=True", "apc_run", "cached_tokens_match")
+    (tmp_path / "test_one.py").write_text(
+        "import pytest\n\n@pytest.mark.apc_cases('D', sweep=True)\ndef test_one(apc_run):\n    assert apc_run.repeats\n"
+    )
     inner = run_inner(*fake_args("--fake-external-tier"), "--apc-sweep-concurrency=1,2")
     assert inner.ret == 0, inner.output
     runs = json.loads(next(tmp_path.glob("apc-results/*/results.json")).read_text())["runs"]
