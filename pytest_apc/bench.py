@@ -77,7 +77,7 @@ def bench_args(
         "--max-concurrency", str(key.concurrency),
         "--request-rate", "inf",
         "--seed", str(workload.seed),
-        # Never warm the cache behind the measurement's back (VLLM-FACTS.md section 6).
+        # Never warm the cache behind the measurement's back: a warm-up request would fill the prefix cache.
         "--num-warmups", "0",
         "--ready-check-timeout-sec", "0",
         # Same output length on both servers, whatever the random weights sample.

@@ -4,7 +4,7 @@ vLLM counts prefix-cache lookups in tokens: ``vllm:prefix_cache_queries_total`` 
 request's prompt) and ``vllm:prefix_cache_hits_total`` (whole blocks served from the cache). The
 counters are monotonic (``/reset_prefix_cache`` does not reset them), so a run's numbers are the
 difference of two snapshots. Every series is summed over the ``engine`` label (one per DP rank).
-Older vLLM names are used when the current ones are absent (VLLM-FACTS.md section 1.3).
+Older vLLM names (``vllm:gpu_prefix_cache_*``) are used when the current ones are absent.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 * settings: ``config.py`` (every option / ini key / env variable, one precedence)
 * the A-F matrix and the expected hit count: ``cases.py`` (``predict``)
 * where the server is started: ``server.py`` (``VllmServer.start``), driven by ``session.py``
-* the benchmark: ``bench.py``; metrics: ``metrics.py``; verdicts: ``verdict.py``; output: ``report.py``
+* the benchmark: ``bench.py``; metrics: ``metrics.py``; verdicts: ``verdict.py``; output: the ``report`` package
 """
 
 from __future__ import annotations
@@ -293,23 +293,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         rep.longrepr = str(call.excinfo.value)  # self-contained; the plugin's traceback adds nothing
     if rep.failed and rep.when in ("setup", "call") and apc is not None:
         rep.sections.extend(report.failure_sections(apc, _runs_of(item)))  # nothing for a test without runs
+    # Verdicts and run ids travel with the report to the xdist controller (plain data only).
     verdicts = item.stash.get(VERDICTS_KEY, [])
     if rep.when == "call" and verdicts:
-        # Travels with the report to the xdist controller (plain data only).
-        rep.user_properties.append(("apc_verdicts", [v.to_json() for v in verdicts]))
+        rep.user_properties.append((report.VERDICTS_PROPERTY, [v.to_json() for v in verdicts]))
+    if rep.failed and _keys_of(item):
+        # The runs whose row a failure fails (both of a pair; not the default run an algorithm is compared with).
+        rep.user_properties.append((report.RUNS_PROPERTY, [k.id for k in _keys_of(item)]))
     return rep
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     apc = session.config.stash.get(SESSION_KEY, None)
     if apc is not None:
-        apc.close(write=not session.config.option.collectonly)
+        apc.close()  # the controller's reporter writes the final results once, after this
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     apc = config.stash.get(SESSION_KEY, None)
     if apc is not None:
-        apc.close(write=not config.option.collectonly)
+        apc.close()
     if not _is_worker(config):
         procs.reap()
     if NODE_LOCK_KEY in config.stash:

@@ -44,9 +44,6 @@ class ApcSession:
     is_worker: bool = False  # an xdist worker: measures and shares, the controller reports
     plan: Plan = field(default_factory=Plan)
     measured: Measured = field(default_factory=Measured)
-    verdicts: list[dict[str, Any]] = field(default_factory=list)
-    extra_json: dict[str, Any] = field(default_factory=dict)  # environment, pairs, gate, files (controller)
-    failed_runs: set[str] = field(default_factory=set)  # run ids of failed tests (controller)
     started_wall: float = field(default_factory=time.monotonic)
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     _active: Deployment | None = None
@@ -260,25 +257,23 @@ class ApcSession:
         return self.measured.model or self.settings.model or self.settings.model_label
 
     def to_json(self) -> dict[str, Any]:
-        data = results.document(
-            self.settings, self.measured, self.json_model(), self.started_at, time.monotonic() - self.started_wall
-        )
-        timing = data.pop("timing")
-        return {**data, "verdicts": self.verdicts, **self.extra_json, "timing": timing}
+        """What is measured so far, as the results file holds it."""
+        elapsed = time.monotonic() - self.started_wall
+        return results.document(self.settings, self.measured, self.json_model(), self.started_at, elapsed)
 
-    def write_json(self) -> None:
-        results.write(self.json_path, self.to_json())
+    def write_json(self, extra: dict[str, Any] | None = None) -> None:
+        """Rewrite the results file: what is measured so far, and ``extra`` (the report's part, at the end).
+        "verdicts" is required by the schema; only the controller's final write knows them."""
+        data = self.to_json()
+        timing = data.pop("timing")  # stays the last block
+        results.write(self.json_path, {**data, "verdicts": [], **(extra or {}), "timing": timing})
 
-    def close(self, write: bool = True) -> None:
-        """Stop whatever still runs (also on Ctrl-C / SIGTERM) and write the final results (unless nothing
-        could have run, as with --collect-only)."""
+    def close(self) -> None:
+        """Stop whatever still runs (also on Ctrl-C / SIGTERM). The controller's report writes the final
+        results file; every measurement already wrote its own."""
         with contextlib.suppress(Exception):
             self._stop_active()
         if self._bench is not None:
             with contextlib.suppress(Exception):
                 self._bench.close()
             self._bench = None
-        if write and not self.is_worker:
-            self.load_store()
-            with contextlib.suppress(Exception):
-                self.write_json()

@@ -43,7 +43,9 @@ def ratio_of_medians(
 def fit_prefill_cost(lengths: list[float], seconds: list[float]) -> tuple[float, float] | None:
     """Fit T(L) = a*L + b*L^2 (projection + attention) through measured prefill times; None if unusable.
 
-    Least squares without intercept, coefficients clipped at 0 (a cost cannot be negative).
+    Non-negative least squares without intercept (a cost cannot be negative), solved exactly for two
+    coefficients: the unconstrained fit when both are >= 0; otherwise the optimum lies on a boundary
+    (a = 0 or b = 0), so the better of the two one-coefficient fits, each clamped at 0.
     """
     if len(lengths) < 2 or len(set(lengths)) < 2:
         return None
@@ -51,10 +53,23 @@ def fit_prefill_cost(lengths: list[float], seconds: list[float]) -> tuple[float,
     y = np.asarray(seconds, dtype=float)
     design = np.stack([x, x * x], axis=1)
     (a, b), *_ = np.linalg.lstsq(design, y, rcond=None)
-    a, b = max(float(a), 0.0), max(float(b), 0.0)
+    if a < 0 or b < 0:
+        # Clipping the unconstrained fit is not the constrained optimum: refit each coefficient alone.
+        linear, square = design[:, 0], design[:, 1]
+        only_a = (max(float(linear @ y / (linear @ linear)), 0.0), 0.0)
+        only_b = (0.0, max(float(square @ y / (square @ square)), 0.0))
+        a, b = min((only_a, only_b), key=lambda c: prefill_cost_residual(c, lengths, seconds))
+    a, b = float(a), float(b)
     if a == 0 and b == 0:
         return None
     return a, b
+
+
+def prefill_cost_residual(cost: tuple[float, float], lengths: list[float], seconds: list[float]) -> float:
+    """Sum of squared errors of T(L) = a*L + b*L^2 against measured prefill times."""
+    a, b = cost
+    x = np.asarray(lengths, dtype=float)
+    return float(np.sum((np.asarray(seconds, dtype=float) - a * x - b * x * x) ** 2))
 
 
 def prefill_speedup_bound(cost: tuple[float, float], prompt_len: float, cached_len: float) -> float:

@@ -109,27 +109,17 @@ def not_comparable(a: RunRecord, b: RunRecord) -> list[str]:
     return problems
 
 
-def bench_clean(run: RunRecord) -> Verdict:
-    """Every request of every repeat completed (the benchmark's exit code says nothing about this)."""
-    bad = [r for r in run.repeats if int(r.bench["completed"]) != run.workload.num_prompts or int(r.bench["failed"])]
-    b = (bad or run.repeats)[0].bench
-    return Verdict(
-        "bench_clean", [run.key.id], not bad,
-        f"{run.key.id}: completed {b['completed']} of {run.workload.num_prompts} requests, failed {b['failed']}"
-        + (f" (in {len(bad)} of {len(run.repeats)} repeats)" if bad else ""),
-        {"completed": b["completed"], "failed": b["failed"]},
-    )  # fmt: skip
-
-
 def apc_really_off(run: RunRecord) -> Verdict:
     """An APC-off server looks nothing up and hits nothing, while it still counts the prompt tokens."""
-    lines, ok, numbers = [], True, {}
+    lines: list[str] = []
+    per_repeat: list[dict[str, Any]] = []
+    failed: list[bool] = []
     for repeat, d in run.require_counters():
         tokens = int(repeat.bench["total_input_tokens"])
         computed = d.prefill_computed
         good = d.prefix_cache_queries == 0 and d.prefix_cache_hits == 0 and computed == tokens
-        ok = ok and good
-        numbers = {"queries": d.prefix_cache_queries, "hits": d.prefix_cache_hits, "computed_tokens": computed}
+        per_repeat.append({"queries": d.prefix_cache_queries, "hits": d.prefix_cache_hits, "computed_tokens": computed})
+        failed.append(not good)
         lines.append(
             f"{run.key.id} (APC off): prefix-cache queries {d.prefix_cache_queries}, hits {d.prefix_cache_hits} "
             f"(both must be 0); prompt tokens computed {computed} (must equal the benchmark's {tokens})"
@@ -138,7 +128,16 @@ def apc_really_off(run: RunRecord) -> Verdict:
             lines.append("diagnosis: the OFF server looked up the prefix cache, so it is not really off")
         elif not good:
             lines.append("diagnosis: the server did not count every prompt token (requests lost or still running)")
-    return Verdict("apc_really_off", [run.key.id], ok, "\n".join(lines), numbers)
+    return Verdict(
+        "apc_really_off", [run.key.id], not any(failed), "\n".join(lines), _repeat_numbers(per_repeat, failed)
+    )
+
+
+def _repeat_numbers(per_repeat: list[dict[str, Any]], failed: list[bool]) -> dict[str, Any]:
+    """Every repeat's numbers, and at the top level those of the first repeat that failed (else the first),
+    so that the results file shows what failed without hiding the other repeats."""
+    shown = per_repeat[failed.index(True)] if any(failed) else per_repeat[0]
+    return {**shown, "repeats": per_repeat}
 
 
 def cached_tokens_match(run: RunRecord) -> Verdict:
@@ -151,8 +150,12 @@ def cached_tokens_match(run: RunRecord) -> Verdict:
             f"cannot predict the hits of run {run.key.id}: block size {run.block_size or 'unknown'}, chat header "
             f"tokens {header} ({why})"
         )
-    lines, problems, numbers = [], [], {}
+    lines: list[str] = []
+    problems: list[str] = []
+    per_repeat: list[dict[str, Any]] = []
+    failed: list[bool] = []
     for repeat, d in run.require_counters():
+        known = len(problems)
         tokens = int(repeat.bench["total_input_tokens"])
         hits, queries = int(d.prefix_cache_hits or 0), int(d.prefix_cache_queries or 0)
         too_few = hits < p.expected_hits - p.tolerance or (hits == 0 and p.expected_hits > 0)
@@ -174,21 +177,24 @@ def cached_tokens_match(run: RunRecord) -> Verdict:
             f"(shared prefix S = {run.header_tokens} template + {run.workload.prefix_len} prefix tokens) "
             f"{_window(p)}"
         )
-        numbers = {
-            "hits": hits,
-            "queries": queries,
-            "expected_hits": p.expected_hits,
-            "tolerance": p.tolerance,
-            "tolerance_above": p.tolerance_above,
-            "computed_tokens": d.computed_tokens,
-            "cached_tokens": d.cached_tokens,
-        }
+        per_repeat.append(
+            {
+                "hits": hits,
+                "queries": queries,
+                "expected_hits": p.expected_hits,
+                "tolerance": p.tolerance,
+                "tolerance_above": p.tolerance_above,
+                "computed_tokens": d.computed_tokens,
+                "cached_tokens": d.cached_tokens,
+            }
+        )
         if too_few:
             problems.append("diagnosis: " + diagnose_short_hits(run, d))
         elif too_many:
             problems.append("diagnosis: " + diagnose_extra_hits(run, hits))
+        failed.append(len(problems) > known)
     message = "\n".join(lines + [f"- {problem}" for problem in dict.fromkeys(problems)])
-    return Verdict("cached_tokens_match", [run.key.id], not problems, message, numbers)
+    return Verdict("cached_tokens_match", [run.key.id], not problems, message, _repeat_numbers(per_repeat, failed))
 
 
 def prefill_saved(pair: Pair) -> Verdict:
@@ -390,7 +396,8 @@ def diagnose_extra_hits(run: RunRecord, hits: int) -> str:
 
 
 def diagnose_short_hits(run: RunRecord, d: Delta | None) -> str:
-    """The likeliest cause of too few hits, from what was measured (checked in the review's order)."""
+    """The likeliest cause of too few hits, from what was measured; the most direct evidence first (no
+    lookups, preemptions, KV-cache capacity, block size)."""
     info = run.server
     p = run.prediction
     causes = []

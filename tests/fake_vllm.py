@@ -25,6 +25,7 @@ Fault switches:
     --fake-hang                 after startup, every request handler sleeps forever
     --fake-die-after-requests N after N answered chat completions, print "fake engine died" and os._exit(1)
     --fake-fail-requests        POST /v1/chat/completions answers 400 {"error": {...}}
+    --fake-fail-every N         every Nth chat completion answers 400 (a partial failure; the rest succeed)
     --fake-garbage-metrics      GET /metrics answers 200 with text that is not Prometheus format
     --fake-no-prefix-metrics    /metrics omits vllm:prefix_cache_* and vllm:prompt_tokens_by_source
     --fake-wrong-mode           cache_config_info reports enable_prefix_caching opposite to the flag
@@ -115,7 +116,7 @@ class Engine:
         self.blocks: set[int] = set()
         self.queries = self.hits = self.prompt_tokens = self.generation_tokens = 0
         self.by_source = dict.fromkeys(SOURCES, 0)
-        self.running = self.running_tokens = self.answered = 0
+        self.running = self.running_tokens = self.answered = self.received = 0
 
     def admit(self, tokens: list[int]) -> int:
         """Account a request's prompt; return the number of prefix-cache hit tokens."""
@@ -322,6 +323,13 @@ class Handler(BaseHTTPRequestHandler):
         if args.fake_fail_requests:
             self.send_error_json(400, "fake failure (--fake-fail-requests)", "BadRequestError")
             return
+        if args.fake_fail_every:
+            with engine.lock:
+                engine.received += 1
+                fail = engine.received % args.fake_fail_every == 0
+            if fail:
+                self.send_error_json(400, "fake failure (--fake-fail-every)", "BadRequestError")
+                return
         self.maybe_die()
         prompt = chat_tokens(body.get("messages") or [])
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
@@ -398,6 +406,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--fake-startup-delay", type=float, default=0.2)
     p.add_argument("--fake-die-after-requests", type=int, default=None)
+    p.add_argument("--fake-fail-every", type=int, default=None)
     p.add_argument("--fake-reset", choices=["ok", "404", "false", "false-then-ok", "external-false"], default="ok")
     p.add_argument("--fake-children", type=int, default=0)
     for switch in ("crash-on-start", "never-ready", "hang", "fail-requests", "garbage-metrics"):

@@ -18,8 +18,8 @@ from pytest_apc import verdict
 pytestmark = pytest.mark.apc
 
 @pytest.mark.apc_cases("CD")
-def test_clean(apc_run, apc_assert):
-    apc_assert(verdict.bench_clean(apc_run))
+def test_measured(apc_run):
+    assert apc_run.repeats
 
 @pytest.mark.apc_cases("C")
 def test_off(apc_run, apc_assert):
@@ -128,11 +128,24 @@ def test_failed_requests_fail_the_run_with_rerun_command(suite, run_inner) -> No
     assert "apc: last 40 lines of the apc-on server log" in inner.output  # a live server's log too
 
 
+def test_some_failed_requests_fail_every_test_of_their_run(suite, run_inner) -> None:
+    """One failed request in a run is enough: the run is not measured, so every test that uses it fails
+    (with the counts), whatever it checks; no verdict averages the failure away."""
+    inner = run_inner(*fake_args("--fake-fail-every", "2"), "-rA")
+    assert inner.ret == 1
+    assert "3 errors" in inner.output
+    assert "passed" not in inner.output.splitlines()[-1]
+    for test in ("test_measured[C-c8]", "test_measured[D-c8]", "test_off[C-c8]"):
+        assert f"ERROR test_suite.py::{test}" in inner.output
+    assert "had failed requests: completed 2 of 4, failed 2" in inner.output
+    assert "re-run: " in inner.output
+
+
 def test_missing_prefix_metrics_cannot_verify(suite, run_inner) -> None:
     inner = run_inner(*fake_args("--fake-no-prefix-metrics"), "-rA")
     assert inner.ret == 1
     assert "cannot verify the prefix cache of run C-c8" in inner.output
-    assert "2 passed" in inner.output  # bench_clean still holds
+    assert "2 passed" in inner.output  # the runs were measured; only the counters are missing
     # Below the failure: how to re-run the run and start its server, and the server log's tail.
     failure = inner.output[inner.output.index("_ test_off[C-c8] _") :]
     assert "apc: reproduce" in failure
@@ -157,7 +170,9 @@ def test_an_offload_tier_is_reset_too(tmp_path, run_inner) -> None:
     """A server with a KV offload tier keeps prefixes through a plain reset (vllm#57727): the plugin
     asks for reset_external, so D at 1 and 2 (same prefix, one after the other) both start cold and
     hit alike (a tier left warm gives the second run one more request's share)."""
-    one_verdict_test(tmp_path, "'D', sweep=True", "apc_run", "bench_clean")
+    (tmp_path / "test_one.py").write_text(
+        "import pytest\n\n@pytest.mark.apc_cases('D', sweep=True)\ndef test_one(apc_run):\n    assert apc_run.repeats\n"
+    )
     inner = run_inner(*fake_args("--fake-external-tier"), "--apc-sweep-concurrency=1,2")
     assert inner.ret == 0, inner.output
     runs = json.loads(next(tmp_path.glob("apc-results/*/results.json")).read_text())["runs"]

@@ -8,16 +8,21 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
-from pytest_apc import report, verdict
+from pytest_apc import verdict
 from pytest_apc.cases import RunKey
+from pytest_apc.report import gate, markdown, rows, terminal
 from tests.test_verdict import delta, off_delta, record, settings
 
 
-def _session(s, runs, verdicts=(), failed=()):
+def _session(s, runs):
     return SimpleNamespace(
-        settings=s, records={r.key: r for r in runs}, verdicts=list(verdicts), failed_runs=set(failed),
-        servers={}, errors={}, json_model=lambda: "tiny",
-    )  # fmt: skip
+        settings=s, records={r.key: r for r in runs}, servers={}, errors={}, json_model=lambda: "tiny"
+    )
+
+
+def _data(apc, verdicts=(), failed=()) -> rows.ReportData:
+    """The report's rows, computed once, as the controller does after the tests ran."""
+    return rows.ReportData.build(apc.records, rows.Outcomes(list(verdicts), set(failed)), apc.settings)
 
 
 def _algo_run(s, base, algo: str, ttft_ms: float, hits: int | None = None):
@@ -33,13 +38,13 @@ def _judged(v: verdict.Verdict, test: str) -> dict:
 
 
 def test_number_format_reads_at_every_magnitude() -> None:
-    assert report._num(31224.8) == "31,225"  # no 3.122e+04
-    assert report._num(950736) == "950,736"
-    assert report._num(1.4944) == "1.49"
-    assert report._num(47.404) == "47.4"
-    assert report._num(None) == "-"
-    assert report._num(True) == "yes"
-    assert report._num(0.478, ".1%") == "47.8%"
+    assert terminal._num(31224.8) == "31,225"  # no 3.122e+04
+    assert terminal._num(950736) == "950,736"
+    assert terminal._num(1.4944) == "1.49"
+    assert terminal._num(47.404) == "47.4"
+    assert terminal._num(None) == "-"
+    assert terminal._num(True) == "yes"
+    assert terminal._num(0.478, ".1%") == "47.8%"
 
 
 def test_a_failed_algorithm_comparison_fails_its_row_not_the_default_pair(pytester) -> None:
@@ -54,21 +59,22 @@ def test_a_failed_algorithm_comparison_fails_its_row_not_the_default_pair(pytest
         _judged(verdict.same_as_default(short, on, s), "test_same_as_default[D-c8-xxhash]"),
         _judged(verdict.same_as_default(same, on, s), "test_same_as_default[D-c8-sha256_cbor]"),
     ]
-    apc = _session(s, [off, on, short, same], verdicts)
+    apc = _session(s, [off, on, short, same])
+    data = _data(apc, verdicts)
 
-    pairs = {row.name: row.verdict for row in report.pair_rows(apc)}
+    pairs = {row.name: row.verdict for row in data.pairs}
     assert pairs == {"C/D": "PASS"}  # judged by its own verdicts; the algorithms have their own table
-    algos = {row.run.key.id: row.numbers(s) for row in report.algo_rows(apc)}
+    algos = {row.run.key.id: row.numbers for row in data.algos}
     assert algos["D-c8-xxhash"]["verdict"] == "FAIL"
     assert algos["D-c8-xxhash"]["cached_tokens"] == algos["D-c8-xxhash"]["default_cached_tokens"] - 128
     assert algos["D-c8-sha256_cbor"]["verdict"] == "PASS"
     assert algos["D-c8-sha256_cbor"]["default_hash_algo"] == "sha256"
     assert 0.9 < algos["D-c8-sha256_cbor"]["ttft_ratio"] < 1.1
 
-    table = report.algo_table(apc).splitlines()
+    table = terminal.algo_table(data).splitlines()
     assert any(line.startswith("D xxhash") and line.endswith("FAIL") for line in table)
     assert any(line.startswith("D sha256_cbor") and line.endswith("PASS") for line in table)
-    summary = report.markdown(apc, gate=[])
+    summary = markdown.markdown(apc, data, gate=[])
     algo_lines = [line for line in summary.splitlines() if line.startswith("| D ") and "| sha256 " in line]
     assert [("xxhash" in line, line.split("|")[-2].strip()) for line in algo_lines] == [(False, "PASS"), (True, "FAIL")]
 
@@ -77,9 +83,9 @@ def test_a_test_that_failed_before_its_verdict_fails_the_algorithm_row(pytester)
     s = settings(pytester)
     on = record(s, "D", 8, delta(1000, 512), 40.0)
     algo = _algo_run(s, on, "xxhash", 40.0)
-    apc = _session(s, [on, algo], failed={"D-c8-xxhash"})
-    assert [row.verdict for row in report.algo_rows(apc)] == ["FAIL"]
-    assert report.pair_rows(apc) == []  # no OFF run: no pair row
+    data = _data(_session(s, [on, algo]), failed={"D-c8-xxhash"})
+    assert [row.verdict for row in data.algos] == ["FAIL"]
+    assert data.pairs == []  # no OFF run: no pair row
 
 
 def test_latencies_and_throughputs_cover_every_repeat(pytester) -> None:
@@ -107,6 +113,33 @@ def test_an_algorithm_row_without_per_request_samples_shows_dashes(pytester) -> 
     on = record(s, "D", 8, delta(1000, 512), 40.0)
     algo = _algo_run(s, on, "xxhash", 40.0)
     algo.repeats[0].bench["ttfts"] = []
-    row = report.algo_rows(_session(s, [on, algo]))[0].numbers(s)
+    data = _data(_session(s, [on, algo]))
+    row = data.algos[0].numbers
     assert row["ttft_ratio"] is None
-    assert "-x [-,-]" in report.algo_table(_session(s, [on, algo]))
+    assert "-x [-,-]" in terminal.algo_table(data)
+
+
+def test_the_rows_are_computed_once_whatever_reads_them(pytester, monkeypatch, tmp_path) -> None:
+    """The bootstrap behind a row runs when the rows are built, not again for the table, Markdown or gate."""
+    import json
+
+    s = settings(pytester)
+    off = record(s, "C", 8, off_delta(s, "C"), 120.0)
+    on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 40.0)
+    calls = []
+    real = verdict.Pair.ttft_speedup
+    monkeypatch.setattr(verdict.Pair, "ttft_speedup", lambda self: calls.append(self.id) or real(self))
+    apc = _session(s, [off, on])
+    apc.warnings = []
+    data = _data(apc)
+    assert calls == ["C-c8/D-c8"]
+
+    baseline = tmp_path / "baseline.json"
+    before = {**data.pairs[0].numbers, "cached_tokens": data.pairs[0].numbers["cached_tokens"] * 2}
+    baseline.write_text(json.dumps({"pairs": [before]}))
+    assert "C/D" in terminal.table(data)
+    assert "| C/D " in markdown.markdown(apc, data, gate=[])
+    failures = gate.compare_baseline(apc, data, baseline)
+    assert len(failures) == 1
+    assert failures[0].startswith("C/D c8: cached tokens ")
+    assert calls == ["C-c8/D-c8"]  # nothing recomputed

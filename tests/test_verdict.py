@@ -257,3 +257,58 @@ def test_runs_with_other_prompts_or_servers_are_not_comparable(pytester) -> None
     assert problems[0].startswith("the benchmark sent other prompts: total input tokens [64140] vs [64145]")
     assert problems[1] == "vLLM version 0.26.0 on apc-off vs 0.32.0 on apc-on"
     assert problems[2:] == ["cache config cache_dtype=auto on apc-off vs fp8 on apc-on"]
+
+
+def test_prefill_cost_fit_is_non_negative_least_squares_not_clipping() -> None:
+    """Data whose unconstrained fit has a < 0: clipping a to 0 keeps the wrong b; the NNLS fit refits b."""
+    from pytest_apc.stats import fit_prefill_cost, prefill_cost_residual
+
+    lengths, seconds = [1.0, 2.0, 3.0, 4.0], [0.0, 1.0, 4.0, 9.0]  # (L-1)^2: unconstrained a = -0.95 < 0
+    x, y = np.asarray(lengths), np.asarray(seconds)
+    (a_free, b_free), *_ = np.linalg.lstsq(np.stack([x, x * x], axis=1), y, rcond=None)
+    assert a_free < 0 < b_free
+    clipped = (max(float(a_free), 0.0), max(float(b_free), 0.0))  # what the fit used to return
+
+    fit = fit_prefill_cost(lengths, seconds)
+    assert fit is not None
+    assert min(fit) >= 0
+    assert prefill_cost_residual(fit, lengths, seconds) < prefill_cost_residual(clipped, lengths, seconds) - 1
+    assert fit != pytest.approx(clipped)
+
+    # The optimum over a >= 0, b >= 0, brute force on a fine grid, and in closed form (a = 0, b = <L^2,T>/<L^4>).
+    a_grid, b_grid = np.meshgrid(np.linspace(0, 2, 801), np.linspace(0, 2, 801), indexing="ij")
+    grid = ((y - a_grid[..., None] * x - b_grid[..., None] * x * x) ** 2).sum(axis=-1)
+    i, j = np.unravel_index(np.argmin(grid), grid.shape)
+    assert prefill_cost_residual(fit, lengths, seconds) <= grid[i, j] + 1e-12
+    assert fit == pytest.approx((a_grid[i, j], b_grid[i, j]), abs=2 / 800)
+    assert fit == pytest.approx((0.0, float(np.sum(x**2 * y) / np.sum(x**4))))
+
+
+def test_every_repeat_reaches_the_numbers_and_the_first_failure_leads(pytester) -> None:
+    """With --apc-repeats 2, a first repeat that failed is kept next to a second one that passed."""
+    import dataclasses
+
+    s = settings(pytester)
+    off = record(s, "C", 8, off_delta(s, "C"), 120.0)
+    tokens = int(off.bench["total_input_tokens"])
+    looked_up = dataclasses.replace(off.repeats[0], delta=delta(tokens, 0))  # an OFF server that queried
+    off = dataclasses.replace(off, repeats=[looked_up, off.repeats[0]])
+    v = verdict.apc_really_off(off)
+    assert not v.passed
+    assert [r["queries"] for r in v.numbers["repeats"]] == [tokens, 0]
+    assert v.numbers["queries"] == tokens  # the failed repeat, not the last one
+
+    on = record(s, "D", 8, delta(tokens, off.prediction.expected_hits), 40.0)
+    short = dataclasses.replace(on.repeats[0], delta=delta(tokens, on.prediction.expected_hits // 2))
+    on = dataclasses.replace(on, repeats=[short, on.repeats[0]])
+    v = verdict.cached_tokens_match(on)
+    assert not v.passed
+    assert [r["hits"] for r in v.numbers["repeats"]] == [on.prediction.expected_hits // 2, on.prediction.expected_hits]
+    assert v.numbers["hits"] == on.prediction.expected_hits // 2
+    assert v.numbers["expected_hits"] == on.prediction.expected_hits
+
+    healthy = dataclasses.replace(on, repeats=[on.repeats[1], on.repeats[1]])
+    v = verdict.cached_tokens_match(healthy)
+    assert v.passed
+    assert len(v.numbers["repeats"]) == 2
+    assert v.numbers["hits"] == on.prediction.expected_hits

@@ -11,12 +11,6 @@ from pytest_apc import verdict
 pytestmark = [pytest.mark.apc, pytest.mark.overhead]
 
 
-@pytest.mark.apc_cases("AB")
-def test_bench_clean(apc_run, apc_assert):
-    """Every request of the run completed; a failed request is never averaged away."""
-    apc_assert(verdict.bench_clean(apc_run))
-
-
 @pytest.mark.apc_cases("A")
 def test_apc_really_off(apc_run, apc_assert):
     """The OFF server made no prefix-cache lookups and served no hits."""

@@ -11,12 +11,6 @@ from pytest_apc import verdict
 pytestmark = [pytest.mark.apc, pytest.mark.sweep]
 
 
-@pytest.mark.apc_cases("CDEF", sweep=True)
-def test_bench_clean(apc_run, apc_assert):
-    """Every request of every level completed."""
-    apc_assert(verdict.bench_clean(apc_run))
-
-
 @pytest.mark.apc_cases("CE", sweep=True)
 def test_apc_really_off(apc_run, apc_assert):
     """The OFF server counts nothing at any concurrency."""

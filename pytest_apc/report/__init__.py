@@ -1,0 +1,35 @@
+"""What people and pipelines read, written once, on the controller. One job per module:
+
+* ``rows``: the pair and hash-algorithm rows, computed once per session (``ReportData``)
+* ``terminal``: header and progress lines, the tables, server lines, the terminal summary, number formats
+* ``markdown``: ``summary.md``; ``plots``: the PNG plots; ``environment``: where this ran
+* ``gate``: the baseline comparison; ``junit``: JUnit properties; ``failures``: sections below a failure
+* ``controller``: ``ControllerReporter``, which gathers the verdicts and writes every file once
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pytest_apc.report.controller import RUNS_PROPERTY, VERDICTS_PROPERTY, ControllerReporter
+from pytest_apc.report.failures import failure_sections
+from pytest_apc.report.junit import record_properties
+from pytest_apc.report.rows import AlgoRow, Outcomes, PairRow, ReportData
+from pytest_apc.report.terminal import header_lines, progress_writer
+
+SCHEMA_PATH = Path(__file__).parent.parent / "results.schema.json"
+
+__all__ = [
+    "RUNS_PROPERTY",
+    "SCHEMA_PATH",
+    "VERDICTS_PROPERTY",
+    "AlgoRow",
+    "ControllerReporter",
+    "Outcomes",
+    "PairRow",
+    "ReportData",
+    "failure_sections",
+    "header_lines",
+    "progress_writer",
+    "record_properties",
+]

@@ -1,0 +1,94 @@
+"""``ControllerReporter``: on the controller only, gathers what every test said, gates the exit status,
+writes the final results.json, summary.md and plots once, and prints the table."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_apc.redaction import redact
+from pytest_apc.report.environment import environment
+from pytest_apc.report.gate import compare_baseline
+from pytest_apc.report.markdown import markdown
+from pytest_apc.report.plots import plots
+from pytest_apc.report.rows import Outcomes, ReportData
+from pytest_apc.report.terminal import terminal_summary
+from pytest_apc.session import ApcSession
+
+# user_properties the plugin attaches to test reports (plain data, so they cross from xdist workers).
+VERDICTS_PROPERTY = "apc_verdicts"  # the call report: [Verdict.to_json(), ...]
+RUNS_PROPERTY = "apc_runs"  # a failed report of any phase: the ids of the runs the test is about
+
+
+class ControllerReporter:
+    """Registered on the controller only (or the single process). Gathers verdicts from every report,
+    which is how results cross from xdist workers; gates the exit code; writes every file once."""
+
+    def __init__(self, config: pytest.Config, apc: ApcSession) -> None:
+        self.config = config
+        self.apc = apc
+        self.outcomes = Outcomes()
+        self.gate: list[str] = []
+        self.data: ReportData | None = None
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        properties = dict(report.user_properties)
+        runs = properties.get(RUNS_PROPERTY)
+        if report.failed and isinstance(runs, list):
+            # A test that failed before recording a verdict (cannot verify, not measured) still fails its row.
+            self.outcomes.failed_runs.update(map(str, runs))
+        verdicts = properties.get(VERDICTS_PROPERTY)
+        if report.when == "call" and isinstance(verdicts, list):
+            self.outcomes.verdicts += [{**v, "test": report.nodeid, "outcome": report.outcome} for v in verdicts]
+
+    def report_data(self) -> ReportData:
+        """The rows, built once from every run measured by any process of this run, after the tests ran."""
+        if self.data is None:
+            self.apc.load_store()
+            self.data = ReportData.build(self.apc.records, self.outcomes, self.apc.settings)
+        return self.data
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Any:
+        # The gate must change testsfailed before pytest_sessionfinish computes the exit status.
+        result = yield
+        if self.config.option.collectonly:
+            return result  # nothing was measured, so there is nothing to gate
+        data = self.report_data()
+        if self.apc.settings.baseline:
+            self.gate = compare_baseline(self.apc, data, Path(self.apc.settings.baseline))
+            if self.gate:
+                session.testsfailed += 1
+        return result
+
+    @pytest.hookimpl(trylast=True)  # after the plugin's own sessionfinish has stopped the servers
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.config.option.collectonly:
+            return  # nothing ran: no results to write
+        apc, data = self.apc, self.report_data()
+        text = redact(markdown(apc, data, self.gate))
+        md_path = Path(apc.settings.markdown) if apc.settings.markdown else apc.json_path.with_name("summary.md")
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(text)
+        if os.environ.get("GITHUB_STEP_SUMMARY"):
+            with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as handle:
+                handle.write(text)
+        apc.json_path.parent.mkdir(parents=True, exist_ok=True)
+        written = plots(data, apc.json_path.parent)
+        apc.write_json(
+            extra={
+                "verdicts": data.verdicts,
+                "environment": environment(apc),
+                "pairs": data.pair_numbers(),
+                "hash_algos": data.algo_numbers(),
+                "gate": {"baseline": apc.settings.baseline or None, "failures": self.gate},
+                "files": {"json": str(apc.json_path), "markdown": str(md_path), "plots": written},
+            }
+        )
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.config.option.collectonly:
+            terminal_summary(terminalreporter, self.apc, self.report_data(), self.gate)
