@@ -174,7 +174,7 @@ class Prediction:
 def predict(workload: Workload, header_tokens: int, block_size: int, total_input_tokens: int) -> Prediction:
     """Expected hits on a cold cache: (N-1) * floor(S/B) * B with S = header + prefix.
 
-    Blocks are registered when scheduled (VLLM-FACTS.md section 3), so the number does not depend on
+    vLLM registers a request's blocks when it is scheduled, so the number does not depend on
     concurrency. A case without a shared prefix can still hit the template header when it spans a block.
     Tolerance below: one block per request for tokenisation at the prefix/suffix boundary. Above: the
     same, but less than half of one request's shared blocks, so that a cache warm from an earlier run
