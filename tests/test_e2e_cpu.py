@@ -155,7 +155,9 @@ def test_subset_starts_only_what_it_needs_and_passes_its_baseline(full_run, tmp_
     data = results(tmp_path)
     assert data["server_launches"] == {"apc-off": 1, "apc-on": 1}
     assert {r["case"] for r in data["runs"]} == {"C", "D"}
-    assert data["gate"] == {"baseline": str(baseline), "failures": []}
+    assert (data["gate"]["baseline"], data["gate"]["failures"], data["gate"]["compared"]) == (str(baseline), [], 1)
+    assert [(row["pair"], row["concurrency"], row["result"]) for row in data["gate"]["rows"]] == [("C/D", 8, "ok")]
+    assert "1 row compared, 0 regressed" in inner.output
     assert not inner.leftovers()
 
 
@@ -181,6 +183,7 @@ def test_xdist_one_table_one_file_and_the_gate(full_run, tmp_path) -> None:
     assert {r["id"] for r in data["runs"]} == {"C-c8", "D-c8"}
     assert len(data["verdicts"]) == 4
     assert data["gate"]["failures"]
+    assert [row["result"] for row in data["gate"]["rows"]] == ["REGRESSED"]
     assert not inner.leftovers()
 
 

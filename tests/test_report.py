@@ -136,10 +136,11 @@ def test_the_rows_are_computed_once_whatever_reads_them(pytester, monkeypatch, t
 
     baseline = tmp_path / "baseline.json"
     before = {**data.pairs[0].numbers, "cached_tokens": data.pairs[0].numbers["cached_tokens"] * 2}
-    baseline.write_text(json.dumps({"pairs": [before]}))
+    results = {"profile": "cpu", "model": "tiny", "settings": s.as_dict(), "servers": [], "pairs": [before]}
+    baseline.write_text(json.dumps(results))
     assert "C/D" in terminal.table(data)
     assert "| C/D " in markdown.markdown(apc, data, gate=[])
-    failures = gate.compare_baseline(apc, data, baseline)
+    failures = gate.compare_baseline(apc, data, baseline).failures
     assert len(failures) == 1
     assert failures[0].startswith("C/D c8: cached tokens ")
     assert calls == ["C-c8/D-c8"]  # nothing recomputed

@@ -11,7 +11,7 @@ import pytest
 
 from pytest_apc.redaction import redact
 from pytest_apc.report.environment import environment
-from pytest_apc.report.gate import compare_baseline
+from pytest_apc.report.gate import Gate, compare_baseline
 from pytest_apc.report.markdown import markdown
 from pytest_apc.report.plots import plots
 from pytest_apc.report.rows import Outcomes, ReportData
@@ -31,7 +31,7 @@ class ControllerReporter:
         self.config = config
         self.apc = apc
         self.outcomes = Outcomes()
-        self.gate: list[str] = []
+        self.gate = Gate()
         self.data: ReportData | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -60,7 +60,7 @@ class ControllerReporter:
         data = self.report_data()
         if self.apc.settings.baseline:
             self.gate = compare_baseline(self.apc, data, Path(self.apc.settings.baseline))
-            if self.gate:
+            if self.gate.failures:
                 session.testsfailed += 1
         return result
 
@@ -69,7 +69,7 @@ class ControllerReporter:
         if self.config.option.collectonly:
             return  # nothing ran: no results to write
         apc, data = self.apc, self.report_data()
-        text = redact(markdown(apc, data, self.gate))
+        text = redact(markdown(apc, data, self.gate.failures))
         md_path = Path(apc.settings.markdown) if apc.settings.markdown else apc.json_path.with_name("summary.md")
         md_path.parent.mkdir(parents=True, exist_ok=True)
         md_path.write_text(text)
@@ -84,7 +84,7 @@ class ControllerReporter:
                 "environment": environment(apc),
                 "pairs": data.pair_numbers(),
                 "hash_algos": data.algo_numbers(),
-                "gate": {"baseline": apc.settings.baseline or None, "failures": self.gate},
+                "gate": self.gate.to_json(),
                 "files": {"json": str(apc.json_path), "markdown": str(md_path), "plots": written},
             }
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from tabulate import tabulate
@@ -15,6 +15,9 @@ from pytest_apc.config import Settings, model_path_for_display
 from pytest_apc.redaction import redact
 from pytest_apc.report.rows import ReportData
 from pytest_apc.session import ApcSession
+
+if TYPE_CHECKING:
+    from pytest_apc.report.gate import Gate
 
 
 def _num(value: Any, spec: str | None = None) -> str:
@@ -121,6 +124,23 @@ def algo_table(data: ReportData) -> str:
     return tabulate(body, headers=headers, disable_numparse=True)
 
 
+def gate_table(rows: list[dict[str, Any]]) -> str:
+    """Every row the baseline gate compared: each metric baseline -> now (limit), and whether it regressed."""
+    body = []
+    for row in rows:
+        cells = []
+        for m in row["metrics"]:
+            text = f"{_num(m['was'])} -> {_num(m['now'])}"
+            if m["limit"] is not None:
+                text += f" ({'<=' if m['metric'] == 'ttft_on' else '>='} {_num(m['limit'])})"
+            if m["result"] == "REGRESSED":
+                text += " !"
+            cells.append(text)
+        body.append([row["pair"], row["concurrency"], *cells, row["result"]])
+    headers = ["pair", "c", "TTFT ON ms", "gain OFF/ON", "cached tokens", "vs baseline"]
+    return tabulate(body, headers=headers, disable_numparse=True)
+
+
 def server_lines(apc: ApcSession) -> list[str]:
     lines = []
     for info in apc.servers.values():
@@ -134,7 +154,7 @@ def server_lines(apc: ApcSession) -> list[str]:
     return lines
 
 
-def terminal_summary(tr: Any, apc: ApcSession, data: ReportData, gate: list[str]) -> None:
+def terminal_summary(tr: Any, apc: ApcSession, data: ReportData, gate: Gate | None = None) -> None:
     tr.write_sep("=", "apc validation")
     model = model_path_for_display(apc.json_model())
     tr.write_line(f"model {model} ({apc.settings.profile} profile); TTFT OFF>ON; gain = median TTFT OFF/ON")
@@ -150,6 +170,12 @@ def terminal_summary(tr: Any, apc: ApcSession, data: ReportData, gate: list[str]
         tr.write_line(f"NOT MEASURED {key.id}: {error.splitlines()[0]}", red=True)
     for line in apc.warnings:
         tr.write_line(f"WARNING {line}", yellow=True)
-    for line in gate:
+    if gate is not None and gate.rows:
+        tr.write_line(
+            f"baseline {gate.baseline}: {gate.compared} row{'' if gate.compared == 1 else 's'} compared, "
+            f"{gate.regressed} regressed (baseline -> now (limit))"
+        )
+        tr.write_line(gate_table(gate.rows))
+    for line in gate.failures if gate is not None else []:
         tr.write_line(f"FAIL baseline: {line}", red=True, bold=True)
     tr.write_line(f"results: {apc.json_path}")
