@@ -6,10 +6,12 @@ measure all runs of a mode on one deployment, once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from pytest_apc.cases import RunKey, ServerMode
+from pytest_apc.cases import CASE_FAMILY, PAIRS, RunKey, ServerMode
+from pytest_apc.config import SPEC_BY_NAME, Settings
 
 
 @dataclass
@@ -25,3 +27,108 @@ class Plan:
 
     def modes(self) -> list[ServerMode]:
         return sorted({k.mode for k in self.keys})
+
+
+@dataclass(frozen=True)
+class TestUse:
+    """What one collected test would measure: its runs, whether it is a sweep test, and its markers."""
+
+    keys: tuple[RunKey, ...]
+    sweep: bool = False
+    markers: frozenset[str] = frozenset()
+
+
+def is_explicit(source: str | None) -> bool:
+    """Whether a setting was given by someone (option, environment, ini), not taken from a default."""
+    return source is not None and source != "default" and not source.endswith(("profile default",))
+
+
+def _levels(pair: str, keys: Sequence[RunKey]) -> str:
+    levels = sorted({k.concurrency for k in keys})
+    return f"{pair} planned at concurrency {', '.join(map(str, levels))}" if levels else f"no {pair} planned"
+
+
+def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, Callable[[TestUse], bool], str]]:
+    """(setting, which tests use it, what no selected test does) for every setting a selection can leave
+    unused; ``planned`` gives the details of the level checks."""
+    planned_keys = [k for use in planned for k in use.keys if not k.hash_algo]
+    low, pure_gain = settings.low_concurrency, settings.pure_gain_concurrency
+    rag_levels = _levels("E/F", [k for k in planned_keys if k.case in "EF"])
+    pure_levels = _levels("C/D", [k for k in planned_keys if k.case in "CD"])
+
+    def family(*names: str) -> Callable[[TestUse], bool]:
+        return lambda use: any(CASE_FAMILY[k.case] in names for k in use.keys if not k.hash_algo)
+
+    def in_pairs(use: TestUse) -> bool:
+        return any(not k.hash_algo and (k.case in PAIRS or k.case in PAIRS.values()) for k in use.keys)
+
+    return [
+        ("hash_algos", lambda use: any(k.hash_algo for k in use.keys), "no selected test compares hash algorithms"),
+        ("sweep_concurrency", lambda use: use.sweep, "no selected test runs the concurrency sweep"),
+        ("sweep_cases", lambda use: use.sweep, "no selected test runs the concurrency sweep"),
+        ("baseline", in_pairs, "no selected test measures an OFF/ON pair, so the gate has no row to compare"),
+        ("baseline_tolerance", in_pairs, "no selected test measures an OFF/ON pair, so the gate has no row to compare"),
+        ("low_concurrency", lambda use: any(k.case == "F" and k.concurrency <= low and not k.hash_algo
+                                            for k in use.keys),
+         f"no selected test judges the E/F pair at concurrency {low} or below; {rag_levels}"),
+        ("pure_gain_concurrency", lambda use: any(k.case == "D" and (not pure_gain or k.concurrency <= pure_gain)
+                                                  and not k.hash_algo for k in use.keys),
+         f"no selected test judges the C/D pair at concurrency {pure_gain} or below; {pure_levels}"),
+        ("prefix_len", family("pure"), "no selected test runs C/D, the only cases with this length"),
+        ("suffix_len", family("pure"), "no selected test runs C/D, the only cases with this length"),
+        ("rag_prefix_len", family("rag"), "no selected test runs E/F, the only cases with this length"),
+        ("input_len", family("overhead", "rag"), "no selected test runs A/B or E/F, the cases with this length"),
+        ("url_on", lambda use: any(k.apc for k in use.keys), "no selected test measures on an APC-on server"),
+        ("url_off", lambda use: any(not k.apc for k in use.keys), "no selected test measures on the APC-off server"),
+    ]  # fmt: skip
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v[1]:g}{'%' if v[0] == '%' else ''}" for k, v in value.items())
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def unused_settings(
+    settings: Settings,
+    planned: Sequence[TestUse],
+    deselected: Sequence[TestUse],
+    skipped: Sequence[TestUse],
+    deselected_by: str,
+    family_markers: Iterable[str],
+) -> list[str]:
+    """One message per setting given explicitly that no planned test uses, saying why: the tests that
+    would use it were deselected (``deselected_by``, e.g. "-m 'pure'") or skipped, or none was collected.
+    ``baseline_tolerance`` without ``baseline`` is unused too."""
+    messages = []
+    families = set(family_markers)
+    for name, uses, what in _checks(settings, planned):
+        source = settings.sources.get(name)
+        if not is_explicit(source):
+            continue
+        value = getattr(settings, name)
+        head = f"{SPEC_BY_NAME[name].option} {_value_text(value)} ({source})"
+        if name == "baseline_tolerance" and not settings.baseline:
+            messages.append(f"{head}: no --apc-baseline is given, so nothing is compared with a tolerance")
+            continue
+        if name in ("baseline", "baseline_tolerance"):
+            # The gate compares pair rows: an OFF run and its ON partner, by whichever tests they are planned.
+            keys = {k for use in planned for k in use.keys}
+            if any(RunKey(off, k.concurrency) in keys for k in keys if not k.hash_algo and (off := PAIRS.get(k.case))):
+                continue
+        elif any(uses(use) for use in planned):
+            continue
+        would = [use for use in deselected if uses(use)]
+        if would:
+            common = sorted(frozenset.intersection(*(use.markers for use in would)) & families)
+            who = f"they are marked {' and '.join(common)}" if common else f"{len(would)} tests would"
+            why = f"{who}; {deselected_by} deselected them"
+        elif any(uses(use) for use in skipped):
+            why = "the tests that would are skipped"
+        else:
+            why = "no collected test would"
+        what, _, detail = what.partition("; ")
+        messages.append(f"{head}: {what} ({'; '.join(part for part in (detail, why) if part)})")
+    return messages

@@ -11,7 +11,8 @@ from __future__ import annotations
 import atexit
 import signal
 import threading
-from collections.abc import Callable, Generator
+import warnings
+from collections.abc import Callable, Generator, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
@@ -22,6 +23,7 @@ import pytest
 from pytest_apc import config as apc_config
 from pytest_apc import procs, redaction, report
 from pytest_apc.cases import CASE_APC, RunKey
+from pytest_apc.plan import TestUse, unused_settings
 from pytest_apc.records import MeasurementError, RunRecord
 from pytest_apc.session import ApcSession
 from pytest_apc.verdict import Pair, Verdict, not_comparable
@@ -31,6 +33,13 @@ SESSION_KEY = pytest.StashKey[ApcSession]()
 SIGTERM_KEY = pytest.StashKey[Any]()
 VERDICTS_KEY = pytest.StashKey[list[Verdict]]()
 NODE_LOCK_KEY = pytest.StashKey[IO[str]]()
+DESELECTED_KEY = pytest.StashKey[list[pytest.Item]]()
+
+
+class ApcUnusedOptionWarning(pytest.PytestWarning):
+    """A pytest-apc setting was given (option, environment, ini) but no selected test uses it, e.g.
+    --apc-hash-algos with the hash-algorithm tests deselected: nothing is measured for it."""
+
 
 SKIP_REASON = (
     "APC tests need servers: pass --gpu-node (vLLM on this node's GPUs with --apc-model or $MODEL_70B) "
@@ -46,6 +55,7 @@ MARKERS = (
     "(e.g. 'CD') at the default concurrency, over --apc-sweep-concurrency (sweep), or per --apc-hash-algos",
     "hash_algo: the comparison of prefix-caching hash algorithms (--apc-hash-algos)",
 )
+FAMILY_MARKERS = ("overhead", "pure", "rag", "sweep", "hash_algo")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -219,6 +229,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
         elif item.get_closest_marker("skip") is None:
             session.plan.add(_runs_of(item))
+    if session is not None and settings is not None:
+        _warn_unused_settings(config, settings, session, items)
+
+
+def pytest_deselected(items: Sequence[pytest.Item]) -> None:
+    """Remember what -m / -k (or another plugin) deselected, to say why an option selects nothing."""
+    if items:
+        items[0].config.stash.setdefault(DESELECTED_KEY, []).extend(items)
+
+
+def _use_of(item: pytest.Item) -> TestUse:
+    marker = item.get_closest_marker("apc_cases")
+    sweep = bool(marker is not None and marker.kwargs.get("sweep"))
+    return TestUse(tuple(_runs_of(item)), sweep, frozenset(m.name for m in item.iter_markers()))
+
+
+def _warn_unused_settings(
+    config: pytest.Config, settings: apc_config.Settings, session: ApcSession, items: list[pytest.Item]
+) -> None:
+    """One ApcUnusedOptionWarning, and a session warning, per setting given explicitly that no selected
+    test uses (its tests deselected, skipped or absent)."""
+    apc_items = [item for item in items if item.get_closest_marker("apc") is not None]
+    planned = [_use_of(item) for item in apc_items if item.get_closest_marker("skip") is None]
+    skipped = [_use_of(item) for item in apc_items if item.get_closest_marker("skip") is not None]
+    deselected = [_use_of(item) for item in config.stash.get(DESELECTED_KEY, [])]
+    how = [f"{flag} {value!r}" for flag, value in (("-m", config.option.markexpr), ("-k", config.option.keyword))
+           if value]  # fmt: skip
+    for message in unused_settings(
+        settings, planned, deselected, skipped, " ".join(how) or "the selection", FAMILY_MARKERS
+    ):
+        if message not in session.warnings:
+            session.warnings.append(message)
+        try:
+            warnings.warn(ApcUnusedOptionWarning(message), stacklevel=1)
+        except ApcUnusedOptionWarning as err:  # -W error::...ApcUnusedOptionWarning: a usage error, not INTERNALERROR
+            raise pytest.UsageError(str(err)) from None
 
 
 @pytest.fixture(scope="session")

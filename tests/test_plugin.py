@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pytest_apc import config as apc_config
@@ -107,3 +109,77 @@ def test_collect_only_writes_no_results(pytester: pytest.Pytester) -> None:
     assert gated.ret == pytest.ExitCode.OK  # nothing measured, nothing gated
     assert not (pytester.path / "res").exists()
     assert "results:" not in result.stdout.str()
+
+
+@pytest.fixture
+def apc_suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    """The shipped suite (tests_apc) in pytester's folder: collected and planned, never measured here."""
+    from tests.conftest import TESTS_APC
+
+    pytester.makepyfile(**{path.stem: path.read_text() for path in TESTS_APC.glob("test_*.py")})
+    return pytester
+
+
+def _session_warnings(reprec: Any) -> list[str]:
+    from pytest_apc.plugin import SESSION_KEY
+
+    return reprec.getcall("pytest_collection_finish").session.config.stash[SESSION_KEY].warnings
+
+
+def test_an_option_whose_tests_are_deselected_says_so(apc_suite: pytest.Pytester) -> None:
+    result = apc_suite.runpytest("--collect-only", "-q", "-m", "pure", "--cpu-node", "--apc-hash-algos=sha256_cbor")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(
+        ["*ApcUnusedOptionWarning: --apc-hash-algos sha256_cbor (option --apc-hash-algos): no selected test compares "
+         "hash algorithms (they are marked hash_algo; -m 'pure' deselected them)"]
+    )  # fmt: skip
+    assert result.stdout.str().count("ApcUnusedOptionWarning: ") == 1
+
+
+def test_unused_settings_are_session_warnings_whatever_set_them(
+    apc_suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sweep settings from the environment with the sweep deselected, a baseline with no pair selected,
+    and levels no planned pair reaches: each named with where it came from."""
+    monkeypatch.setenv("PYTEST_APC_SWEEP_CASES", "CD")
+    reprec = apc_suite.inline_run(
+        "--collect-only", "-m", "not sweep", "-k", "test_cached_tokens", "--cpu-node", "--apc-baseline=b.json",
+        "--apc-sweep-concurrency=1,4", "--apc-low-concurrency=2", "--apc-pure-gain-concurrency=4",
+    )  # fmt: skip
+    assert _session_warnings(reprec) == [
+        "--apc-sweep-concurrency 1,4 (option --apc-sweep-concurrency): no selected test runs the concurrency sweep "
+        "(they are marked sweep; -m 'not sweep' -k 'test_cached_tokens' deselected them)",
+        "--apc-sweep-cases CD (environment variable PYTEST_APC_SWEEP_CASES): no selected test runs the concurrency "
+        "sweep (they are marked sweep; -m 'not sweep' -k 'test_cached_tokens' deselected them)",
+        "--apc-baseline b.json (option --apc-baseline): no selected test measures an OFF/ON pair, so the gate has "
+        "no row to compare (14 tests would; -m 'not sweep' -k 'test_cached_tokens' deselected them)",
+        "--apc-low-concurrency 2 (option --apc-low-concurrency): no selected test judges the E/F pair at "
+        "concurrency 2 or below (E/F planned at concurrency 8; they are marked sweep; -m 'not sweep' "
+        "-k 'test_cached_tokens' deselected them)",
+        "--apc-pure-gain-concurrency 4 (option --apc-pure-gain-concurrency): no selected test judges the C/D pair at "
+        "concurrency 4 or below (C/D planned at concurrency 8; they are marked sweep; -m 'not sweep' "
+        "-k 'test_cached_tokens' deselected them)",
+    ]
+
+
+def test_the_default_run_and_options_that_are_used_warn_of_nothing(apc_suite: pytest.Pytester) -> None:
+    strict = ("-W", "error::pytest_apc.plugin.ApcUnusedOptionWarning")
+    assert apc_suite.runpytest("--collect-only", "-q", "-m", "apc", "--cpu-node", *strict).ret == pytest.ExitCode.OK
+    used = ["--apc-hash-algos=sha256_cbor", "--apc-baseline=b.json", "--apc-baseline-tolerance=ttft_on=20%",
+            "--apc-low-concurrency=2", "--apc-pure-gain-concurrency=0", "--apc-sweep-cases=CDF",
+            "--apc-sweep-concurrency=1,8", "--apc-prefix-len=4096", "--apc-suffix-len=64", "--apc-input-len=4096",
+            "--apc-rag-prefix-len=4000", "--apc-url-on=http://on:8000", "--apc-url-off=http://off:8000"]  # fmt: skip
+    result = apc_suite.runpytest("--collect-only", "-q", "-m", "apc", "--cpu-node", *used, *strict)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+
+
+def test_an_unused_option_can_fail_a_pipeline(apc_suite: pytest.Pytester) -> None:
+    """-W error::...ApcUnusedOptionWarning turns the warning into a usage error (exit code 4)."""
+    result = apc_suite.runpytest("--collect-only", "-m", "pure", "--cpu-node", "--apc-url-on=http://on:8000",
+                                 "--apc-url-off=http://off:8000", "-m", "hash_algo", "--apc-hash-algos=xxhash",
+                                 "-W", "error::pytest_apc.plugin.ApcUnusedOptionWarning")  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--apc-url-off http://off:8000 (option --apc-url-off): no selected test measures on the APC-off server "
+         "(*-m 'hash_algo' deselected them)"]
+    )  # fmt: skip
