@@ -16,7 +16,7 @@ from pytest_apc.config import Settings
 from pytest_apc.records import Measured
 from pytest_apc.redaction import redact
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def document(settings: Settings, measured: Measured, model: str, started_at: str, elapsed_s: float) -> dict[str, Any]:
