@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,8 +161,19 @@ class BenchRunner:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = self._start()
 
-    def run(self, argv: list[str], result_path: Path, num_prompts: int, log_path: Path, timeout: float) -> BenchOutcome:
+    def run(
+        self,
+        argv: list[str],
+        result_path: Path,
+        num_prompts: int,
+        log_path: Path,
+        timeout: float,
+        watch: Callable[[], str | None] = lambda: None,
+    ) -> BenchOutcome:
+        """One benchmark; ``watch`` is asked about every second why it should stop now (a dead server):
+        then the benchmark is killed at once instead of waiting for its timeout."""
         command = reproduce_command(argv, api_key="OPENAI_API_KEY" in self.env)
+        watched = time.monotonic()
         started = time.monotonic()
         self.prewarm()
         assert self.proc is not None
@@ -189,6 +201,15 @@ class BenchRunner:
                     f"benchmark did not finish within {timeout:.0f} s (--apc-bench-timeout); it was killed\n"
                     f"re-run: {command}\nbenchmark log: {log_path}\n{_error_lines(log_path)}"
                 )
+            if time.monotonic() - watched >= 1.0:
+                watched = time.monotonic()
+                trouble = watch()
+                if trouble:
+                    self.close()
+                    raise BenchError(
+                        f"benchmark stopped after {time.monotonic() - started:.0f} s because {trouble}\n"
+                        f"re-run: {command}\nbenchmark log: {log_path}"
+                    )
             time.sleep(0.05)
         reply = json.loads(status.read_text())
         status.unlink()

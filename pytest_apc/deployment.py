@@ -59,10 +59,16 @@ class Deployment(Protocol):
         """Start (or find) it and return once it is ready; raises ``ServerError`` with its log tail."""
         ...
 
-    def alive(self) -> bool: ...
+    def alive(self) -> bool:
+        """Serving: its process runs (if it has one) and nothing says its engine is gone."""
+        ...
 
     def check_alive(self, doing: str) -> None:
         """Raise ``ServerError`` (naming ``doing``) when it no longer serves."""
+        ...
+
+    def watch(self) -> str | None:
+        """Polled while a benchmark runs: why the benchmark should stop now (a dead or hung engine)."""
         ...
 
     def reset_prefix_cache(self) -> str:

@@ -76,6 +76,7 @@ class Measurer:
             workload.num_prompts,
             self.bench_dir / f"{name}.log",
             self.settings.bench_timeout,
+            watch=deployment.watch,
         )
         deployment.check_alive("after the benchmark")
         delta = None

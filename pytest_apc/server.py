@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import psutil
 import requests
 
 from pytest_apc import metrics, procs
@@ -34,9 +35,119 @@ from pytest_apc.redaction import redact, redact_argv
 KV_CACHE_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens.*")
 ADDRESS_IN_USE = "Address already in use"
 
+# Log lines after which a vLLM server will never serve, whatever its API process still does. vLLM prefixes
+# what its engine and worker processes print with "(EngineCore... pid=N)" / "(Worker... pid=N)".
+FATAL_SIGNATURES = tuple(
+    re.compile(pattern)
+    for pattern in (
+        r"WorkerProc hit an exception",
+        r"Engine core initialization failed",
+        r"EngineCore encountered a fatal error",
+        r"CUDA error: ",
+        r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: ",
+        r"NCCL error|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclInvalidUsage",
+        r"^\((?:EngineCore|Worker|VllmWorker)[^)]*\).*Traceback \(most recent call last\)",
+    )
+)
+TRACEBACK = "Traceback (most recent call last)"
+# What the first fatal line most likely means, and what to do about it (docs/troubleshooting.md).
+KNOWN_FIXES = (
+    (
+        re.compile(r"illegal memory access|custom_all_reduce|all_reduce|symm_mem|multicast", re.I),
+        "a multi-GPU all-reduce crash: on hosts with NVLink multicast switched off, vLLM's custom all-reduce "
+        "and its all-reduce fusion fail in CUDA-graph capture; add --apc-server-arg=--disable-custom-all-reduce "
+        "--apc-server-arg=--compilation-config "
+        """--apc-server-arg='{"pass_config":{"fuse_allreduce_rms":false}}' (see docs/troubleshooting.md)""",
+    ),
+    (
+        re.compile(r"out of memory|OutOfMemoryError", re.I),
+        "out of memory: lower --gpu-memory-utilization or --apc-max-model-len (through --apc-server-arg), "
+        "or spread the model over more GPUs (--apc-tensor-parallel-size)",
+    ),
+    (
+        re.compile(r"nccl", re.I),
+        "NCCL failed: check the NCCL_* variables of the environment (NCCL_NVLS_ENABLE=0 where NVLink "
+        "multicast is off) and that every GPU of the tensor-parallel group is visible",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """Why a server will never serve (again): the first sign, with its traceback and a likely fix."""
+
+    reason: str
+    excerpt: str = ""  # the first error and its traceback, from the server log
+    line: int = 0  # 1-based line of the first fatal line in the log
+    fix: str = ""
+
+    def describe(self) -> str:
+        text = self.reason
+        if self.excerpt:
+            text += f"\n--- first error in the server log (line {self.line}) ---\n{self.excerpt}"
+        if self.fix:
+            text += f"\nlikely cause and fix: {self.fix}"
+        return text
+
+
+class LogWatch:
+    """Reads a server log as it grows and finds the first fatal line (read once: only new bytes each time)."""
+
+    EXCERPT_BEFORE = 100  # how far back the traceback of the first fatal line may start
+    EXCERPT_AFTER = 40
+
+    def __init__(self, path: Path, start: int = 0) -> None:
+        self.path = path
+        self.offset = start
+        self.lines: list[str] = []
+        self._partial = ""
+        self.first: int | None = None  # index of the first fatal line
+
+    def scan(self) -> Fatal | None:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except OSError:
+            return self._found()
+        self.offset += len(data)
+        text = self._partial + data.decode("utf-8", errors="replace")
+        *complete, self._partial = text.split("\n")
+        start = len(self.lines)
+        self.lines += complete
+        if self.first is None:
+            for i in range(start, len(self.lines)):
+                if any(sig.search(self.lines[i]) for sig in FATAL_SIGNATURES):
+                    self.first = i
+                    break
+        return self._found()
+
+    def _found(self) -> Fatal | None:
+        if self.first is None:
+            return None
+        i, lines = self.first, self.lines
+        begin = next((j for j in range(i, max(-1, i - self.EXCERPT_BEFORE), -1) if TRACEBACK in lines[j]), i)
+        excerpt = redact("\n".join(lines[begin : max(i, begin) + self.EXCERPT_AFTER]))
+        fix = next((advice for pattern, advice in KNOWN_FIXES if pattern.search(excerpt)), "")
+        return Fatal(f"its log shows a fatal error: {lines[i].strip()[:300]}", excerpt, i + 1, fix)
+
 
 class ServerError(RuntimeError):
     """A server that could not start, died, or answered what it must not."""
+
+
+class Incomplete(Exception):
+    """A server that answers /health and /v1/models but lacks something it will never grow."""
+
+
+# Seconds between the first fatal log line and the failure: the rest of its traceback reaches the log.
+FATAL_FLUSH_S = 2.0
+# Polls (0.5 s apart) a server that answers but lacks something gets before it fails.
+INCOMPLETE_POLLS = 6
+# Seconds a server may fail /health during a benchmark before it counts as hung or dead.
+HEALTH_GRACE_S = 30.0
+# Titles vLLM gives its engine and worker processes (setproctitle): one that exits is a dead engine.
+ENGINE_TITLES = ("VLLM::EngineCore", "VLLM::Worker")
 
 
 def free_port(host: str) -> int:
@@ -112,6 +223,8 @@ class Endpoint:
         self.api_key = how.api_key
         self.info = ServerInfo(mode=mode.name, command=[], url="", log=str(how.log_path))
         self.http = self._session()
+        self._health_checked = 0.0
+        self._unhealthy_since: float | None = None
 
     def _session(self) -> requests.Session:
         http = requests.Session()
@@ -139,6 +252,35 @@ class Endpoint:
     def check_alive(self, doing: str) -> None:
         raise NotImplementedError
 
+    def fatal(self) -> Fatal | None:
+        """Why this server will never serve again though its API process may still answer (its log, its
+        engine processes); None while nothing says so."""
+        return None
+
+    def watch(self) -> str | None:
+        """Called about every second while a benchmark runs: why the benchmark should stop now, or None.
+        A server that does not answer /health for HEALTH_GRACE_S seconds is hung or dead."""
+        fatal = self.fatal()
+        if fatal is not None:
+            return f"the {self.mode.name} server {fatal.describe()}"
+        now = time.monotonic()
+        if now - self._health_checked < 5:
+            return None
+        self._health_checked = now
+        healthy = False
+        with contextlib.suppress(requests.RequestException):
+            healthy = self.http.get(f"{self.url}/health", timeout=5).status_code == 200
+        if healthy:
+            self._unhealthy_since = None
+            return None
+        self._unhealthy_since = self._unhealthy_since or now
+        if now - self._unhealthy_since >= HEALTH_GRACE_S:
+            return (
+                f"the {self.mode.name} server has not answered /health with 200 for "
+                f"{now - self._unhealthy_since:.0f} s: its engine is hung or dead"
+            )
+        return None
+
     def stop(self) -> None:
         """Stop what pytest-apc started; always safe to call."""
         self.http.close()
@@ -150,22 +292,31 @@ class Endpoint:
     def command_line(self) -> str:
         return shlex.join(self.info.command)
 
-    def _failure(self, what: str) -> ServerError:
+    def _failure(self, what: str, lines: int = 40) -> ServerError:
         return ServerError(
             f"{self.mode.name} server {what}\n"
             f"command: {self.command_line}\n"
             f"log: {self.log_path}\n"
-            f"--- last lines of the server log ---\n{tail(self.log_path)}"
+            f"--- last lines of the server log ---\n{tail(self.log_path, lines)}"
         )
 
     def _wait_ready(self, started: float) -> None:
         deadline = started + self.startup_timeout
         waiting_for = "the process to listen (/health)"
         last_note = 0.0
+        fatal_seen: float | None = None
+        incomplete: list[str] = []  # what a server that answers lacks, poll after poll
         while True:
             code = self.exit_code()
             if code is not None:
                 raise self._failure(f"exited with code {code} while starting (waiting for {waiting_for})")
+            fatal = self.fatal()
+            if fatal is not None:
+                # Give the traceback a moment to reach the log, then stop waiting for what will not come.
+                fatal_seen = fatal_seen or time.monotonic()
+                if time.monotonic() - fatal_seen >= FATAL_FLUSH_S:
+                    fatal = self.fatal() or fatal
+                    raise self._failure(f"will not become ready: {fatal.describe()}", lines=15)
             if time.monotonic() > deadline:
                 raise self._failure(
                     f"was not ready after {self.startup_timeout:.0f} s (still waiting for {waiting_for}); "
@@ -181,6 +332,13 @@ class Endpoint:
                 )
             try:
                 waiting_for = self._readiness_step()
+                incomplete.clear()
+            except Incomplete as missing:
+                # It answers /health and /v1/models: what it lacks now it will not grow later.
+                incomplete.append(str(missing))
+                waiting_for = str(missing)
+                if len(incomplete) >= INCOMPLETE_POLLS:
+                    raise self._failure(f"answers but {missing}") from None
             except requests.RequestException:
                 pass  # not listening yet
             except (metrics.MetricsError, ValueError, KeyError) as err:
@@ -196,6 +354,12 @@ class Endpoint:
             return "/health to return 200"
         models = self.http.get(f"{self.url}/v1/models", timeout=5).json()
         ids = [entry.get("id") for entry in models.get("data", [])]
+        if ids and self.served_model_name not in ids:
+            raise Incomplete(
+                f"serves {ids}, not {self.served_model_name!r}: the benchmark's requests would all fail "
+                "(--apc-served-model-name, or a --served-model-name in --apc-server-arg, or a URL that points "
+                "at another deployment)"
+            )
         if self.served_model_name not in ids:
             return f"/v1/models to list {self.served_model_name!r} (lists {ids})"
         for entry in models["data"]:
@@ -204,7 +368,17 @@ class Endpoint:
         snapshot = self.scrape()
         config = snapshot.cache_config
         if not config:
-            return f"/metrics to show {metrics.CACHE_CONFIG_INFO} (KV cache initialised)"
+            raise Incomplete(
+                f"its /metrics has no {metrics.CACHE_CONFIG_INFO}, so its block size and APC mode cannot be "
+                "checked (metrics disabled with --disable-log-stats, or a vLLM too old for this plugin)"
+            )
+        missing = [name for name in metrics.REQUIRED if snapshot.counter(name) is None]
+        if missing:
+            raise Incomplete(
+                f"its /metrics has no {', '.join(missing)} counter (looked for "
+                f"{', '.join(n for m in missing for n in metrics.COUNTER_NAMES[m])}), so no run on it could "
+                "be verified (metrics disabled, or a vLLM too old for per-run prefix-cache counters)"
+            )
         enabled = config.get("enable_prefix_caching")
         if enabled != str(self.mode.apc):
             raise self._failure(
@@ -348,20 +522,46 @@ class LaunchedServer(Endpoint):
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.gpu_baseline = gpu_memory_used_mib()  # to wait for its release after the stop
+        self._log_watch = LogWatch(self.log_path)
+        self._engines: dict[int, tuple[psutil.Process, str]] = {}  # engine and worker processes seen
 
     @property
     def url(self) -> str:
         return f"http://{self.connect_host}:{self.port}"
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc is not None and self.proc.poll() is None and self.fatal() is None
 
     def exit_code(self) -> int | None:
         return self.proc.poll() if self.proc is not None else None
 
     def check_alive(self, doing: str) -> None:
-        if not self.alive():
+        if self.proc is None or self.proc.poll() is not None:
             raise self._failure(f"is not running (exit code {self.exit_code()}) {doing}")
+        fatal = self.fatal()
+        if fatal is not None:
+            raise self._failure(f"cannot serve {doing}: {fatal.describe()}", lines=15)
+
+    def fatal(self) -> Fatal | None:
+        return self._log_watch.scan() or self._engine_gone()
+
+    def _engine_gone(self) -> Fatal | None:
+        """An engine or worker process that exited while the API server runs on (it never recovers)."""
+        if self.proc is None:
+            return None
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    title = " ".join(child.cmdline())
+                    if child.pid not in self._engines and title.startswith(ENGINE_TITLES):
+                        self._engines[child.pid] = (child, title)
+        for pid, (child, title) in self._engines.items():
+            gone = True
+            with contextlib.suppress(psutil.Error):
+                gone = not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+            if gone:
+                return Fatal(f"its engine process {title} (pid {pid}) exited while the API server kept running")
+        return None
 
     def start(self) -> ServerInfo:
         """Launch and wait until ready; retries on a port taken between choosing and binding it."""
@@ -373,6 +573,8 @@ class LaunchedServer(Endpoint):
             self.info.url = self.url
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("ab") as log:
+                self._log_watch = LogWatch(self.log_path, start=log.tell())  # this launch's lines only
+                self._engines = {}
                 log.write(f"\n===== pytest-apc: {self.command_line}\n".encode())
                 log.flush()
                 try:

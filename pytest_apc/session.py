@@ -172,8 +172,10 @@ class ApcSession:
                 self.records[key] = measurer.run(key, deployment)
             except RUN_ERRORS as err:
                 alive = deployment.alive()
-                died = "" if alive else f"\n--- the server died; last lines of its log ---\n{tail(deployment.log_path)}"
-                self.errors[key] = f"run {key.id} failed: {err}{died}"
+                # A ServerError carries the log tail already.
+                quiet = alive or isinstance(err, ServerError)
+                log = "" if quiet else f"\n--- the server died; last lines of its log ---\n{tail(deployment.log_path)}"
+                self.errors[key] = f"run {key.id} failed: {err}{log}"
                 first_failure = first_failure or (
                     f"run {key.id}" if alive else f"run {key.id} (the server died during it)"
                 )

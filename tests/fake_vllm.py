@@ -41,6 +41,14 @@ Fault switches:
     --fake-no-tokenize          POST /tokenize answers 404 (a server without the tokenizer endpoints)
     --fake-external-tier        a KV offload tier: a reset without ?reset_external=true leaves the cached
                                 prefixes in place
+    --fake-fatal-on-start       after the delay, print what a crashed tensor-parallel worker prints (a
+                                traceback, "WorkerProc hit an exception", a CUDA error) and stay alive without
+                                ever listening, printing a line a second (the API process of a dead engine)
+    --fake-engine-exit-after S  spawn a child titled "VLLM::EngineCore_DP0" that exits with code 1 after S s
+    --fake-no-cache-config      /metrics omits vllm:cache_config_info
+    --fake-fatal-after-requests N  after N answered chat completions, print an engine traceback and "EngineCore
+                                encountered a fatal error"; later chat completions hang, /health stays 200
+    --fake-hang-after-requests N   after N answered chat completions, every request (/health too) hangs
 
 Without --fake-ignore-sigterm, SIGTERM prints "fake vLLM shutting down" and exits 0. The children are
 not reaped by the fake itself: like leaked EngineCore processes, they die only when their group is
@@ -117,6 +125,8 @@ class Engine:
         self.queries = self.hits = self.prompt_tokens = self.generation_tokens = 0
         self.by_source = dict.fromkeys(SOURCES, 0)
         self.running = self.running_tokens = self.answered = self.received = 0
+        self.hung = False  # every request hangs (--fake-hang-after-requests)
+        self.dead = False  # chat completions hang (--fake-fatal-after-requests)
 
     def admit(self, tokens: list[int]) -> int:
         """Account a request's prompt; return the number of prefix-cache hit tokens."""
@@ -228,8 +238,8 @@ class Handler(BaseHTTPRequestHandler):
         self.dispatch("POST")
 
     def dispatch(self, method: str) -> None:
-        args = self.server.args
-        while args.fake_hang:
+        args, engine = self.server.args, self.server.engine
+        while args.fake_hang or engine.hung:
             time.sleep(3600)
         length = int(self.headers.get("Content-Length") or 0)
         self.body = self.rfile.read(length) if length > 0 else b""  # always drained: keeps keep-alive sane
@@ -269,6 +279,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         report = args.enable_prefix_caching != args.fake_wrong_mode
         text = self.server.engine.metrics(self.server.names[0], report, not args.fake_no_prefix_metrics)
+        if args.fake_no_cache_config:
+            text = "\n".join(ln for ln in text.splitlines() if "cache_config_info" not in ln) + "\n"
         self.send_text(200, text, "text/plain; version=0.0.4; charset=utf-8")
 
     def reset(self, query: dict[str, list[str]]) -> None:
@@ -317,6 +329,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def chat(self) -> None:
         args, engine = self.server.args, self.server.engine
+        while engine.dead:  # the engine is gone: nothing will ever answer
+            time.sleep(3600)
         body = self.parse_body()
         if body is None:
             return
@@ -383,11 +397,23 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def maybe_die(self, answered: int = 0) -> None:
-        limit, engine = self.server.args.fake_die_after_requests, self.server.engine
+        args, engine = self.server.args, self.server.engine
+        with engine.lock:
+            engine.answered += answered
+            if args.fake_hang_after_requests is not None and engine.answered >= args.fake_hang_after_requests:
+                engine.hung = True
+            fatal_at = args.fake_fatal_after_requests
+            if fatal_at is not None and engine.answered >= fatal_at and not engine.dead:
+                engine.dead = True
+                core = f"(EngineCore_DP0 pid={PID})"
+                log(f"{core} ERROR EngineCore encountered a fatal error.")
+                log(f"{core} Traceback (most recent call last):")
+                log(f'{core}   File "vllm/v1/engine/core.py", line 1, in run_busy_loop')
+                log(f"{core} RuntimeError: fake engine step failed")
+        limit = args.fake_die_after_requests
         if limit is None:
             return
         with engine.lock:
-            engine.answered += answered
             if engine.answered >= limit:
                 log(f"(EngineCore pid={PID}) ERROR fake engine died")
                 sys.stderr.write("fake engine died\n")
@@ -409,9 +435,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fake-fail-every", type=int, default=None)
     p.add_argument("--fake-reset", choices=["ok", "404", "false", "false-then-ok", "external-false"], default="ok")
     p.add_argument("--fake-children", type=int, default=0)
+    p.add_argument("--fake-engine-exit-after", type=float, default=None)
+    p.add_argument("--fake-fatal-after-requests", type=int, default=None)
+    p.add_argument("--fake-hang-after-requests", type=int, default=None)
     for switch in ("crash-on-start", "never-ready", "hang", "fail-requests", "garbage-metrics"):
         p.add_argument(f"--fake-{switch}", action="store_true")
     for switch in ("no-prefix-metrics", "wrong-mode", "ignore-sigterm", "log-noise", "no-tokenize", "external-tier"):
+        p.add_argument(f"--fake-{switch}", action="store_true")
+    for switch in ("fatal-on-start", "no-cache-config"):
         p.add_argument(f"--fake-{switch}", action="store_true")
     args, _unknown = p.parse_known_args(argv)
     return args
@@ -434,6 +465,19 @@ def log_noise() -> None:
             log(f"INFO noise {i}: loading weights shard {i}/100 (fake)")
 
 
+def fatal_on_start() -> None:
+    """What vLLM printed on a 2-GPU host whose all-reduce needs NVLink multicast; then it spun forever."""
+    worker = f"(Worker_TP0 pid={PID})"
+    log(f"{worker} INFO [gpu_model_runner.py:1] Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)")
+    log(f"{worker} ERROR [multiproc_executor.py:1] WorkerProc hit an exception.")
+    log(f"{worker} ERROR Traceback (most recent call last):")
+    log(f'{worker} ERROR   File "vllm/distributed/device_communicators/custom_all_reduce.py", line 1, in all_reduce')
+    log(f"{worker} ERROR torch.AcceleratorError: CUDA error: an illegal memory access was encountered")
+    while True:
+        log(f"{worker} #0 c10::cuda::CUDAKernelLaunchRegistry (fake C++ frame)")
+        time.sleep(1.0)
+
+
 def on_sigterm(signum: int, frame: Any) -> None:
     os.write(1, b"INFO fake vLLM shutting down\n")  # os.write: print() is not reentrant-safe in handlers
     os._exit(0)
@@ -449,9 +493,15 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         signal.signal(signal.SIGTERM, on_sigterm)
+    if args.fake_engine_exit_after is not None:
+        code = f"import time; time.sleep({args.fake_engine_exit_after}); raise SystemExit(1)"
+        engine_proc = subprocess.Popen(["VLLM::EngineCore_DP0", "-c", code], executable=sys.executable)
+        log(f"INFO fake engine pid={engine_proc.pid}")
     if args.fake_log_noise:
         log_noise()
     time.sleep(max(args.fake_startup_delay, 0.0))
+    if args.fake_fatal_on_start:
+        fatal_on_start()
     if args.fake_crash_on_start:
         sys.stdout.flush()
         print("Traceback (most recent call last):\nRuntimeError: CUDA out of memory (fake)", file=sys.stderr)

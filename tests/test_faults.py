@@ -141,19 +141,91 @@ def test_some_failed_requests_fail_every_test_of_their_run(suite, run_inner) -> 
     assert "re-run: " in inner.output
 
 
-def test_missing_prefix_metrics_cannot_verify(suite, run_inner) -> None:
-    inner = run_inner(*fake_args("--fake-no-prefix-metrics"), "-rA")
+def test_missing_prefix_metrics_fail_the_server_at_once(suite, run_inner) -> None:
+    """A server whose /metrics lacks the prefix-cache counters would never let a run be verified: it fails
+    as soon as it answers, not after its runs (or the startup timeout)."""
+    started = time.monotonic()
+    inner = run_inner(*fake_args("--fake-no-prefix-metrics"), "--apc-startup-timeout=300", "-rA")
     assert inner.ret == 1
-    assert "cannot verify the prefix cache of run C-c8" in inner.output
-    assert "2 passed" in inner.output  # the runs were measured; only the counters are missing
-    # Below the failure: how to re-run the run and start its server, and the server log's tail.
-    failure = inner.output[inner.output.index("_ test_off[C-c8] _") :]
+    assert time.monotonic() - started < 120
+    assert "apc-off server answers but its /metrics has no prefix_cache_queries, prefix_cache_hits counter" in (
+        inner.output
+    )
+    assert "vllm:prefix_cache_queries_total" in inner.output  # what it looked for
+    # Below the failure: how to start its server, and the server log's tail.
+    failure = inner.output[inner.output.index("ERROR at setup of test_off[C-c8]") :]
     assert "apc: reproduce" in failure
-    assert "C-c8: " in failure
-    assert "-m pytest_apc.bench" in failure
     assert "apc-off server: " in failure
     assert "fake_vllm.py" in failure
     assert "apc: last 40 lines of the apc-off server log" in failure
+
+
+def test_missing_cache_config_fails_the_server_at_once(suite, run_inner) -> None:
+    started = time.monotonic()
+    inner = run_inner(*fake_args("--fake-no-cache-config"), "--apc-startup-timeout=300")
+    assert inner.ret == 1
+    assert time.monotonic() - started < 120
+    assert "server answers but its /metrics has no vllm:cache_config_info" in inner.output
+    assert "--disable-log-stats" in inner.output  # the probable cause
+
+
+def test_a_server_that_serves_another_model_fails_at_once(suite, run_inner) -> None:
+    started = time.monotonic()
+    inner = run_inner(*fake_args("--served-model-name", "other-model"), "--apc-startup-timeout=300")
+    assert inner.ret == 1
+    assert time.monotonic() - started < 120
+    assert "server answers but serves ['other-model'], not 'apc-model'" in inner.output
+
+
+def test_fatal_log_line_while_starting_fails_in_seconds_with_the_first_error(suite, run_inner) -> None:
+    """The API process lives on while its worker crashed: the log says so, and the plugin stops waiting."""
+    started = time.monotonic()
+    inner = run_inner(*fake_args("--fake-fatal-on-start"), "--apc-startup-timeout=300")
+    assert inner.ret == 1
+    assert time.monotonic() - started < 120  # not the 300 s startup timeout
+    assert "server will not become ready: its log shows a fatal error: " in inner.output
+    assert "WorkerProc hit an exception" in inner.output
+    first = inner.output[inner.output.index("--- first error in the server log (line ") :]
+    assert "Traceback (most recent call last):" in first
+    assert "CUDA error: an illegal memory access was encountered" in first
+    assert "likely cause and fix: a multi-GPU all-reduce crash" in inner.output
+    assert "--disable-custom-all-reduce" in inner.output
+    assert '"fuse_allreduce_rms":false' in inner.output
+
+
+def test_engine_process_exit_while_starting_fails_in_seconds(suite, run_inner) -> None:
+    started = time.monotonic()
+    inner = run_inner(
+        *fake_args("--fake-engine-exit-after", "1", "--fake-startup-delay", "600"), "--apc-startup-timeout=300"
+    )
+    assert inner.ret == 1
+    assert time.monotonic() - started < 120
+    assert "its engine process VLLM::EngineCore_DP0" in inner.output
+    assert "exited while the API server kept running" in inner.output
+
+
+def test_engine_death_mid_run_stops_the_benchmark_in_seconds(suite, run_inner) -> None:
+    """The engine dies during a benchmark but the API process answers /health: its log tells, the
+    benchmark is stopped at once (not after --apc-bench-timeout) and the runs after it error naming it."""
+    started = time.monotonic()
+    # 30 prompts at concurrency 8: after 2 answers the rest hang, as requests to a dead engine do.
+    inner = run_inner(*fake_args("--fake-fatal-after-requests", "2"), "--apc-num-prompts=30", "--apc-bench-timeout=600")
+    assert inner.ret == 1
+    assert time.monotonic() - started < 150
+    assert "benchmark stopped after" in inner.output
+    assert "its log shows a fatal error: (EngineCore_DP0 pid=" in inner.output
+    assert "EngineCore encountered a fatal error" in inner.output
+    assert "RuntimeError: fake engine step failed" in inner.output
+
+
+def test_hung_server_mid_run_stops_the_benchmark(suite, run_inner) -> None:
+    """Everything hangs, /health too: after the health grace period the benchmark is stopped."""
+    started = time.monotonic()
+    inner = run_inner(*fake_args("--fake-hang-after-requests", "2"), "--apc-num-prompts=30", "--apc-bench-timeout=600")
+    assert inner.ret == 1
+    assert time.monotonic() - started < 200
+    assert "has not answered /health with 200 for 3" in inner.output
+    assert "its engine is hung or dead" in inner.output
 
 
 def test_tokenize_failure_is_a_warning_and_names_itself_where_predictions_fail(tmp_path, run_inner) -> None:
