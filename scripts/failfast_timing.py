@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +43,21 @@ SCENARIOS = {
         "EngineCore encountered a fatal error",
     ),
 }
+
+
+LABELS = {
+    "fatal-on-start": "a fatal line in the log while starting",
+    "incomplete-metrics": "answers, but /metrics lacks vllm:cache_config_info",
+    "engine-death-mid-run": "the engine dies during a benchmark",
+}
+
+
+def markdown_rows(scenarios: dict[str, dict[str, Any]]) -> list[str]:
+    """The rows of the table in docs/troubleshooting.md (a docs test compares them with the page)."""
+    return [
+        f"| {LABELS[name]} (`{name}`) | {found['median_s']} | {', '.join(map(str, found['seconds']))} |"
+        for name, found in scenarios.items()
+    ]
 
 
 def run_once(name: str) -> float:
@@ -70,15 +86,22 @@ def run_once(name: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path, help="write the results here (docs/results/failfast/failfast.json)")
     args = parser.parse_args()
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     for name in SCENARIOS:
         times = [run_once(name) for _ in range(args.repeat)]
         results[name] = {"seconds": [round(t, 2) for t in times], "median_s": round(float(np.median(times)), 2)}
         print(f"{name}: median {results[name]['median_s']} s over {args.repeat} runs {results[name]['seconds']}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        document = {
+            "what": "seconds from the first sign (log line) to the end of the failing pytest run",
+            "command": f"python scripts/failfast_timing.py --repeat {args.repeat}",
+            "startup_timeout_s": 600,
+            "scenarios": results,
+        }
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    print("\n".join(markdown_rows(results)))
 
 
 if __name__ == "__main__":

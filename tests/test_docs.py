@@ -44,3 +44,19 @@ def test_docs_links_resolve() -> None:
     for page in [REPO / "README.md", *DOCS.glob("*.md")]:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_fail_fast_table_matches_its_results_file() -> None:
+    """The timings on the troubleshooting page are the ones the benchmark script wrote, rendered by it."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("failfast_timing", REPO / "scripts" / "failfast_timing.py")
+    assert spec is not None
+    assert spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    data = json.loads((REPO / "docs" / "results" / "failfast" / "failfast.json").read_text())
+    page = (REPO / "docs" / "troubleshooting.md").read_text()
+    table = page[page.index("<!-- failfast-table") :].splitlines()[3:]
+    assert table[: len(data["scenarios"])] == script.markdown_rows(data["scenarios"])

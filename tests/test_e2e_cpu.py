@@ -202,6 +202,37 @@ def test_off_server_that_is_not_off_is_refused(tmp_path) -> None:
     assert not inner.leftovers()
 
 
+def test_a_real_server_without_metrics_fails_in_seconds_not_at_the_timeout(tmp_path) -> None:
+    """Real vLLM with --disable-log-stats answers /health and /v1/models but publishes no vllm: series: it
+    would never be ready, so the plugin fails it a few polls after it answers (the startup timeout is
+    600 s on CPU), names what is missing and the probable cause, and starts nothing else."""
+    import re
+    import time
+    from datetime import datetime
+
+    from tests.conftest import InnerRun
+
+    args = [str(TESTS_APC), "-m", "pure and not sweep", "-k", "apc_really_off", "--cpu-node",
+            "--apc-server-arg=--disable-log-stats", f"--apc-results-dir={tmp_path}/apc-results"]  # fmt: skip
+    started = time.monotonic()
+    inner = InnerRun(args, tmp_path, timeout=900).wait()
+    elapsed = time.monotonic() - started
+    assert inner.ret == 1, inner.output[-5000:]
+    assert "apc-off server answers but its /metrics has no vllm:cache_config_info" in inner.output
+    assert "--disable-log-stats" in inner.output
+    assert elapsed < 600  # the CPU profile's startup timeout, which it used to wait out
+    data = results(tmp_path)
+    (server,) = data["servers"]
+    assert server["startup_s"] is None  # never ready
+    # From the API server's start line (vLLM stamps it, local time) to the results file: seconds.
+    log = Path(server["log"]).read_text(errors="replace")
+    stamp = re.findall(r"INFO (\d\d-\d\d \d\d:\d\d:\d\d) \[[^]]*\] Starting vLLM", log)[-1]
+    answering = datetime.strptime(f"{datetime.now().year}-{stamp}", "%Y-%m-%d %H:%M:%S")
+    finished = datetime.fromtimestamp(next(tmp_path.glob("apc-results/*/results.json")).stat().st_mtime)
+    assert (finished - answering).total_seconds() < 30, (answering, finished)
+    assert not inner.leftovers()
+
+
 def test_hash_algorithms_cache_the_same_blocks(tmp_path) -> None:
     """--apc-hash-algos on real vLLM: one extra APC-on server per algorithm, all three non-default ones
     (xxhash and cbor2 from the dev extra), identical cached tokens; no OFF server is needed, so none is
