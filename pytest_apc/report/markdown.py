@@ -10,7 +10,7 @@ from typing import Any
 from tabulate import tabulate
 
 from pytest_apc.cases import CASE_PURPOSE
-from pytest_apc.report.terminal import _num, first_line, pair_label, server_lines
+from pytest_apc.report.terminal import _num, first_line, server_lines
 from pytest_apc.report.view import ReportView
 
 # (key of a pair row, column header), in the order of ReportData.pair_numbers()
@@ -36,9 +36,12 @@ ALGO_COLUMNS = (
 def markdown(view: ReportView) -> str:
     lines = ["# APC validation", "", f"Model `{view.model}`, profile `{view.profile}`.", ""]
     lines += [f"- {line}" for line in server_lines(view.servers, view.launches)]
-    rows = [[pair_label(n) if k == "pair" else _md_cell(k, n.get(k)) for k, _ in PAIR_COLUMNS] for n in view.pairs]
+    columns = list(PAIR_COLUMNS)
+    if any("hash_algo" in n for n in view.pairs):  # schema_version 1 kept hash-algorithm rows among the pairs
+        columns.insert(2, ("hash_algo", "hash"))
+    rows = [[_md_cell(k, n.get(k)) for k, _ in columns] for n in view.pairs]
     if rows:
-        headers = [h for _, h in PAIR_COLUMNS]
+        headers = [h for _, h in columns]
         lines += ["", tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True), ""]
     algos = [[_md_cell(k, n.get(k)) for k, _ in ALGO_COLUMNS] for n in view.algos]
     if algos:

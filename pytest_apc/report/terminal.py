@@ -92,19 +92,14 @@ def progress_writer(config: pytest.Config, tr: Any) -> Callable[[str], None]:
     return write
 
 
-def pair_label(row: dict[str, Any]) -> str:
-    """A pair row's name: ``C/D``; a row of a hash-algorithm server in a schema_version 1 file, which kept
-    those among the pairs, ``C/D xxhash``."""
-    return f"{row['pair']} {row['hash_algo']}" if row.get("hash_algo") else str(row["pair"])
-
-
 def table(rows: list[dict[str, Any]], verbose: bool = False) -> str:
-    """The validation table of pair rows (``ReportData.pair_numbers()``, results.json's ``pairs``); fits 120
+    """The validation table of pair rows (``ReportData.pair_numbers()``, results.json's ``pairs``, where
+    schema_version 1 also kept the rows of hash-algorithm servers, named e.g. ``E/F xxhash``); fits 120
     columns, -v adds columns."""
     body = []
     for n in rows:
         line = [
-            pair_label(n), n["concurrency"],
+            n["pair"], n["concurrency"],
             "yes" if n.get("cache_hit_observed") else ("NO" if n.get("expected_cached_tokens") else "no"),
             f"{_num(n.get('cached_tokens'))}/{_num(n.get('expected_cached_tokens'))}", _num(n.get("hit_ratio"), ".0%"),
             f"{_num(n.get('median_ttft_off_ms'))}>{_num(n.get('median_ttft_on_ms'))}",

@@ -15,11 +15,6 @@ if TYPE_CHECKING:
     from pytest_apc.session import ApcSession
 
 
-def _pairs_of(rows: list[dict[str, Any]]) -> list[str]:
-    """The cases of pair rows (``C/D`` -> C and D), sorted."""
-    return sorted({case for row in rows for case in str(row["pair"]).split("/")})
-
-
 @dataclass(frozen=True)
 class ReportView:
     """The rows and lines of one run's report. Rows are the dicts of ``ReportData.pair_numbers()`` and
@@ -71,5 +66,5 @@ class ReportView:
         )
 
     def cases(self) -> list[str]:
-        """The cases of the pair rows, sorted."""
-        return _pairs_of(self.pairs)
+        """The cases of the pair rows (``C/D``, or ``C/D xxhash`` in a schema_version 1 file), sorted."""
+        return sorted({case for row in self.pairs for case in str(row["pair"]).split()[0].split("/")})
