@@ -553,6 +553,17 @@ def _convert(spec: Spec, raw: Any, where: str) -> Any:
         raise SettingError(f"Invalid {spec.ini} {raw!r} from {where}: {err}") from err
 
 
+def _profile_default(spec: Spec, profile: str | None) -> Any:
+    return getattr(spec, profile) if profile in PROFILES else None
+
+
+def default_for(name: str, profile: str | None) -> Any:
+    """The value a setting takes when nobody set it: the profile's default, else the default."""
+    spec = SPEC_BY_NAME[name]
+    found = _profile_default(spec, profile)
+    return found if found is not None else spec.default
+
+
 def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Settings:
     """Resolve every setting with the one precedence, then apply cross-setting checks."""
     env = dict(os.environ if environ is None else environ)
@@ -566,9 +577,8 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
             values[spec.name] = _convert(spec, *found)
             sources[spec.name] = found[1]
             continue
-        profile_default = getattr(spec, profile) if profile in PROFILES else None
-        values[spec.name] = profile_default if profile_default is not None else spec.default
-        sources[spec.name] = f"{profile} profile default" if profile_default is not None else "default"
+        values[spec.name] = default_for(spec.name, profile)
+        sources[spec.name] = f"{profile} profile default" if _profile_default(spec, profile) is not None else "default"
     values["profile"] = profile
     if profile == "gpu" and not values["model"] and not values["model_shape"]:
         if env.get("MODEL_70B"):

@@ -17,6 +17,7 @@ from pytest_apc.records import Measured
 from pytest_apc.redaction import redact
 
 SCHEMA_VERSION = 2
+SCHEMA_VERSIONS = (1, 2)  # every version pytest-apc has written; readers accept each
 
 
 def document(settings: Settings, measured: Measured, model: str, started_at: str, elapsed_s: float) -> dict[str, Any]:

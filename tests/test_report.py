@@ -11,13 +11,13 @@ from types import SimpleNamespace
 from pytest_apc import verdict
 from pytest_apc.cases import RunKey
 from pytest_apc.report import gate, markdown, rows, terminal
+from pytest_apc.report.view import ReportView
 from tests.test_verdict import delta, off_delta, record, settings
 
 
 def _session(s, runs):
-    return SimpleNamespace(
-        settings=s, records={r.key: r for r in runs}, servers={}, errors={}, json_model=lambda: "tiny"
-    )
+    return SimpleNamespace(settings=s, records={r.key: r for r in runs}, servers={}, errors={}, warnings=[],
+                           launches={}, json_path="results.json", json_model=lambda: "tiny")  # fmt: skip
 
 
 def _data(apc, verdicts=(), failed=()) -> rows.ReportData:
@@ -71,10 +71,10 @@ def test_a_failed_algorithm_comparison_fails_its_row_not_the_default_pair(pytest
     assert algos["D-c8-sha256_cbor"]["default_hash_algo"] == "sha256"
     assert 0.9 < algos["D-c8-sha256_cbor"]["ttft_ratio"] < 1.1
 
-    table = terminal.algo_table(data).splitlines()
+    table = terminal.algo_table(data.algo_numbers()).splitlines()
     assert any(line.startswith("D xxhash") and line.endswith("FAIL") for line in table)
     assert any(line.startswith("D sha256_cbor") and line.endswith("PASS") for line in table)
-    summary = markdown.markdown(apc, data, gate=[])
+    summary = markdown.markdown(ReportView.from_session(apc, data))
     algo_lines = [line for line in summary.splitlines() if line.startswith("| D ") and "| sha256 " in line]
     assert [("xxhash" in line, line.split("|")[-2].strip()) for line in algo_lines] == [(False, "PASS"), (True, "FAIL")]
 
@@ -116,7 +116,7 @@ def test_an_algorithm_row_without_per_request_samples_shows_dashes(pytester) -> 
     data = _data(_session(s, [on, algo]))
     row = data.algos[0].numbers
     assert row["ttft_ratio"] is None
-    assert "-x [-,-]" in terminal.algo_table(data)
+    assert "-x [-,-]" in terminal.algo_table(data.algo_numbers())
 
 
 def test_the_rows_are_computed_once_whatever_reads_them(pytester, monkeypatch, tmp_path) -> None:
@@ -130,7 +130,6 @@ def test_the_rows_are_computed_once_whatever_reads_them(pytester, monkeypatch, t
     real = verdict.Pair.ttft_speedup
     monkeypatch.setattr(verdict.Pair, "ttft_speedup", lambda self: calls.append(self.id) or real(self))
     apc = _session(s, [off, on])
-    apc.warnings = []
     data = _data(apc)
     assert calls == ["C-c8/D-c8"]
 
@@ -138,8 +137,8 @@ def test_the_rows_are_computed_once_whatever_reads_them(pytester, monkeypatch, t
     before = {**data.pairs[0].numbers, "cached_tokens": data.pairs[0].numbers["cached_tokens"] * 2}
     results = {"profile": "cpu", "model": "tiny", "settings": s.as_dict(), "servers": [], "pairs": [before]}
     baseline.write_text(json.dumps(results))
-    assert "C/D" in terminal.table(data)
-    assert "| C/D " in markdown.markdown(apc, data, gate=[])
+    assert "C/D" in terminal.table(data.pair_numbers())
+    assert "| C/D " in markdown.markdown(ReportView.from_session(apc, data))
     failures = gate.compare_baseline(apc, data, baseline).failures
     assert len(failures) == 1
     assert failures[0].startswith("C/D c8: cached tokens ")

@@ -16,6 +16,7 @@ from pytest_apc.report.markdown import markdown
 from pytest_apc.report.plots import plots
 from pytest_apc.report.rows import Outcomes, ReportData
 from pytest_apc.report.terminal import terminal_summary
+from pytest_apc.report.view import ReportView
 from pytest_apc.session import ApcSession
 
 # user_properties the plugin attaches to test reports (plain data, so they cross from xdist workers).
@@ -69,7 +70,7 @@ class ControllerReporter:
         if self.config.option.collectonly:
             return  # nothing ran: no results to write
         apc, data = self.apc, self.report_data()
-        text = redact(markdown(apc, data, self.gate.failures))
+        text = redact(markdown(ReportView.from_session(apc, data, self.gate)))
         md_path = Path(apc.settings.markdown) if apc.settings.markdown else apc.json_path.with_name("summary.md")
         md_path.parent.mkdir(parents=True, exist_ok=True)
         md_path.write_text(text)

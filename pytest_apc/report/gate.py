@@ -1,4 +1,6 @@
-"""The baseline gate: this run's pair rows against a stored results file (``--apc-baseline``).
+"""The baseline gate: this run's pair rows against a stored results file (``--apc-baseline``), and one
+results file against another (``python -m pytest_apc compare``), by the same rules
+(:func:`compare_documents`).
 
 The gate fails the session when the baseline cannot be read, was measured under conditions that make its
 numbers incomparable (profile, model, lengths, prompts, block size), shares no row with this run, or when a
@@ -10,14 +12,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_apc.config import Settings, model_path_for_display
+from pytest_apc.config import default_for, model_path_for_display
 from pytest_apc.report.rows import ReportData
 from pytest_apc.report.terminal import _num
-from pytest_apc.session import ApcSession
+
+if TYPE_CHECKING:
+    from pytest_apc.session import ApcSession
 
 # Settings that change what a run measures: a baseline with another value is not comparable.
 COMPARED_SETTINGS = (
@@ -52,6 +57,7 @@ class Gate:
     failures: list[str] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     not_comparable: list[dict[str, Any]] = field(default_factory=list)  # {"what", "here", "there"}
+    warnings: list[str] = field(default_factory=list)  # rows of this run the baseline lacks (not in to_json)
 
     @property
     def compared(self) -> int:
@@ -94,29 +100,30 @@ def _model_difference(here: str, there: str) -> dict[str, Any] | None:
     return difference
 
 
-def differences(
-    settings: Settings, model: str, servers: list[dict[str, Any]], old: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """What makes this run's numbers incomparable with the baseline's, one entry per difference."""
+def differences(here: Mapping[str, Any], there: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What makes the numbers of results document ``here`` (this run) incomparable with those of ``there``
+    (the baseline), one entry per difference. Each document needs ``profile``, ``model``, ``settings`` and
+    ``servers`` as results.json holds them."""
     found: list[dict[str, Any]] = []
-    if settings.profile != old.get("profile"):
-        found.append({"what": "profile", "here": settings.profile, "there": old.get("profile")})
-    model_difference = _model_difference(model, str(old.get("model") or ""))
+    if here.get("profile") != there.get("profile"):
+        found.append({"what": "profile", "here": here.get("profile"), "there": there.get("profile")})
+    model_difference = _model_difference(str(here.get("model") or ""), str(there.get("model") or ""))
     if model_difference:
         found.append(model_difference)
-    old_settings = old.get("settings") or {}
+    here_settings, there_settings = here.get("settings") or {}, there.get("settings") or {}
     for name in COMPARED_SETTINGS:
-        here = getattr(settings, name)
-        if name in old_settings:
-            there = old_settings[name]
+        value = here_settings.get(name, SETTINGS_BEFORE_THEY_EXISTED.get(name))
+        if name in there_settings:
+            other = there_settings[name]
         elif name in SETTINGS_BEFORE_THEY_EXISTED:
-            there = SETTINGS_BEFORE_THEY_EXISTED[name]
+            other = SETTINGS_BEFORE_THEY_EXISTED[name]
         else:
-            found.append({"what": name, "here": here, "there": None, "note": "not recorded in the baseline"})
+            found.append({"what": name, "here": value, "there": None, "note": "not recorded in the baseline"})
             continue
-        if here != there:
-            found.append({"what": name, "here": here, "there": there})
-    here_blocks, there_blocks = _apc_on_block_sizes(servers), _apc_on_block_sizes(old.get("servers") or [])
+        if value != other:
+            found.append({"what": name, "here": value, "there": other})
+    here_blocks = _apc_on_block_sizes(here.get("servers") or [])
+    there_blocks = _apc_on_block_sizes(there.get("servers") or [])
     for mode in sorted(here_blocks.keys() & there_blocks.keys()):
         if here_blocks[mode] != there_blocks[mode]:
             what = "block_size" if mode == "apc-on" else f"block_size ({mode})"
@@ -142,10 +149,12 @@ def _row_names(rows: Any) -> str:
 
 
 def compare_rows(
-    rows: list[dict[str, Any]], old_rows: dict[tuple[str, int], dict[str, Any]], settings: Settings, baseline: Path
+    rows: list[dict[str, Any]],
+    old_rows: dict[tuple[str, int], dict[str, Any]],
+    tolerances: Mapping[str, tuple[str, float]],
+    baseline: str,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Each of ``rows`` that the baseline has, metric by metric; and the failure messages of regressions."""
-    tolerances = settings.baseline_tolerance
     compared, failures = [], []
     for row in rows:
         before = old_rows.get((row["pair"], row["concurrency"]))
@@ -177,42 +186,87 @@ def compare_rows(
     return compared, failures
 
 
-def compare_baseline(apc: ApcSession, data: ReportData, baseline_path: Path) -> Gate:
-    """This run against a stored results file. Refused (a failure) when the file cannot be read, has no pairs,
-    was measured under other conditions, or shares no row with this run; a row of this run the baseline
-    lacks, while others overlap, is a warning of the session."""
-    gate = Gate(baseline=str(baseline_path))
+class UnreadableResults(Exception):
+    """A results file that cannot be read, or is not a JSON object; the message says which and why."""
+
+
+def read_results(path: Path, role: str = "results file") -> dict[str, Any]:
+    """A results file as a dict; :class:`UnreadableResults` names ``role`` (e.g. "baseline") and the path."""
     try:
-        old = json.loads(baseline_path.read_text())
+        doc = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        gate.failures.append(f"cannot read baseline {baseline_path}: {err}")
-        return gate
-    if not isinstance(old, dict):
-        gate.failures.append(f"baseline {baseline_path} is not a pytest-apc results file (not a JSON object)")
-        return gate
+        raise UnreadableResults(f"cannot read {role} {path}: {err}") from err
+    if not isinstance(doc, dict):
+        raise UnreadableResults(f"{role} {path} is not a pytest-apc results file (not a JSON object)")
+    return doc
+
+
+def tolerances_of(doc: Mapping[str, Any]) -> dict[str, tuple[str, float]]:
+    """The baseline tolerances a results file ran with (``settings.baseline_tolerance``, whose pairs JSON
+    stores as lists); where it has none, the default of its profile. Metrics it lacks keep their defaults."""
+    found: dict[str, tuple[str, float]] = dict(default_for("baseline_tolerance", doc.get("profile")))
+    stored = (doc.get("settings") or {}).get("baseline_tolerance")
+    if isinstance(stored, dict):
+        for metric, value in stored.items():
+            if metric in found and isinstance(value, (list, tuple)) and len(value) == 2:
+                found[metric] = (str(value[0]), float(value[1]))
+    return found
+
+
+def compare_documents(
+    old: Mapping[str, Any], new: Mapping[str, Any], baseline: str, tolerances: Mapping[str, tuple[str, float]]
+) -> Gate:
+    """The gate's rules: results document ``new`` against the baseline document ``old`` (read from
+    ``baseline``, which the messages name). Refused (a failure) when the baseline has no pairs, ``new`` has
+    none, they were measured under other conditions, or they share no row; a row of ``new`` the baseline
+    lacks, while others overlap, is a warning (``Gate.warnings``). Rows of hash-algorithm servers (kept
+    among the pairs by schema_version 1) are not gated."""
+    gate = Gate(baseline=baseline)
     if not old.get("pairs"):
-        gate.failures.append(f"baseline {baseline_path} has no measured pairs to compare with (an incomplete run?)")
+        gate.failures.append(f"baseline {baseline} has no measured pairs to compare with (an incomplete run?)")
         return gate
-    rows = data.pair_numbers()
+    rows = [r for r in new.get("pairs") or [] if not r.get("hash_algo")]
     if not rows:
-        gate.failures.append(f"nothing was measured to compare with baseline {baseline_path}")
+        gate.failures.append(f"nothing was measured to compare with baseline {baseline}")
         return gate
-    servers = [dict(info.__dict__) for info in apc.servers.values()]
-    gate.not_comparable = differences(apc.settings, apc.json_model(), servers, old)
+    gate.not_comparable = differences(new, old)
     if gate.not_comparable:
-        gate.failures.append(f"not comparable with baseline {baseline_path}: {_difference_text(gate.not_comparable)}")
+        gate.failures.append(f"not comparable with baseline {baseline}: {_difference_text(gate.not_comparable)}")
         return gate
     old_rows = {(r["pair"], r["concurrency"]): r for r in old["pairs"] if not r.get("hash_algo")}
-    gate.rows, gate.failures = compare_rows(rows, old_rows, apc.settings, baseline_path)
+    gate.rows, gate.failures = compare_rows(rows, old_rows, tolerances, baseline)
     if not gate.rows:
         gate.failures.append(
-            f"no row of this run is in baseline {baseline_path}: this run has {_row_names(rows)}; "
+            f"no row of this run is in baseline {baseline}: this run has {_row_names(rows)}; "
             f"the baseline has {_row_names(old_rows.values())}"
         )
         return gate
-    for row in rows:
-        if (row["pair"], row["concurrency"]) not in old_rows:
-            apc.warnings.append(
-                f"baseline {baseline_path} has no row {row['pair']} c{row['concurrency']}: not compared"
-            )
+    gate.warnings = [
+        f"baseline {baseline} has no row {row['pair']} c{row['concurrency']}: not compared"
+        for row in rows
+        if (row["pair"], row["concurrency"]) not in old_rows
+    ]
+    return gate
+
+
+def session_document(apc: ApcSession, data: ReportData) -> dict[str, Any]:
+    """What the gate reads of this session, as its results.json will hold it."""
+    return {
+        "profile": apc.settings.profile,
+        "model": apc.json_model(),
+        "settings": apc.settings.as_dict(),
+        "servers": [dict(info.__dict__) for info in apc.servers.values()],
+        "pairs": data.pair_numbers(),
+    }
+
+
+def compare_baseline(apc: ApcSession, data: ReportData, baseline_path: Path) -> Gate:
+    """This run against a stored results file (``--apc-baseline``), by :func:`compare_documents`; a file
+    that cannot be read is a failure of the gate. The gate's warnings become the session's."""
+    try:
+        old = read_results(baseline_path, "baseline")
+    except UnreadableResults as err:
+        return Gate(baseline=str(baseline_path), failures=[str(err)])
+    gate = compare_documents(old, session_document(apc, data), str(baseline_path), apc.settings.baseline_tolerance)
+    apc.warnings.extend(gate.warnings)
     return gate

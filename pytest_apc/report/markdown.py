@@ -1,4 +1,7 @@
-"""``summary.md``: the validation tables in GitHub Markdown, the cases' purpose and the failures."""
+"""``summary.md``: the validation tables in GitHub Markdown, the cases' purpose and the failures.
+
+It renders a :class:`ReportView`, so ``python -m pytest_apc report --markdown`` writes the same summary
+from a results file."""
 
 from __future__ import annotations
 
@@ -7,41 +10,52 @@ from typing import Any
 from tabulate import tabulate
 
 from pytest_apc.cases import CASE_PURPOSE
-from pytest_apc.report.rows import ReportData
-from pytest_apc.report.terminal import _num, server_lines
-from pytest_apc.session import ApcSession
+from pytest_apc.report.terminal import _num, first_line, server_lines
+from pytest_apc.report.view import ReportView
+
+# (key of a pair row, column header), in the order of ReportData.pair_numbers()
+PAIR_COLUMNS = (
+    ("pair", "pair"), ("concurrency", "conc"), ("cache_hit_observed", "hit?"), ("cached_tokens", "cached tokens"),
+    ("expected_cached_tokens", "expected"), ("hit_ratio", "hit ratio"), ("median_ttft_off_ms", "TTFT OFF ms"),
+    ("median_ttft_on_ms", "TTFT ON ms"), ("ttft_speedup", "gain"), ("ttft_speedup_low", "gain CI low"),
+    ("ttft_speedup_high", "gain CI high"), ("prefill_bound", "prefill bound"),
+    ("input_throughput_off", "in tok/s OFF"), ("input_throughput_on", "in tok/s ON"),
+    ("output_throughput_off", "out tok/s OFF"), ("output_throughput_on", "out tok/s ON"),
+    ("median_e2el_off_ms", "E2E OFF ms"), ("median_e2el_on_ms", "E2E ON ms"), ("verdict", "verdict"),
+)  # fmt: skip
+# (key of a hash-algorithm row, column header), in the order of ReportData.algo_numbers()
+ALGO_COLUMNS = (
+    ("case", "case"), ("concurrency", "conc"), ("hash_algo", "hash"), ("default_hash_algo", "default hash"),
+    ("cached_tokens", "cached tokens"), ("default_cached_tokens", "default cached tokens"),
+    ("median_ttft_default_ms", "TTFT default ms"), ("median_ttft_ms", "TTFT ms"), ("ttft_ratio", "ratio"),
+    ("ttft_ratio_low", "ratio CI low"), ("ttft_ratio_high", "ratio CI high"),
+    ("duration_default_s", "duration default s"), ("duration_s", "duration s"), ("verdict", "verdict"),
+)  # fmt: skip
 
 
-def markdown(apc: ApcSession, data: ReportData, gate: list[str]) -> str:
-    lines = ["# APC validation", "", f"Model `{apc.json_model()}`, profile `{apc.settings.profile}`.", ""]
-    lines += [f"- {line}" for line in server_lines(apc)]
-    rows = [[_md_cell(k, v) for k, v in n.items()] for n in data.pair_numbers()]
+def markdown(view: ReportView) -> str:
+    lines = ["# APC validation", "", f"Model `{view.model}`, profile `{view.profile}`.", ""]
+    lines += [f"- {line}" for line in server_lines(view.servers, view.launches)]
+    columns = list(PAIR_COLUMNS)
+    if any("hash_algo" in n for n in view.pairs):  # schema_version 1 kept hash-algorithm rows among the pairs
+        columns.insert(2, ("hash_algo", "hash"))
+    rows = [[_md_cell(k, n.get(k)) for k, _ in columns] for n in view.pairs]
     if rows:
-        lines += ["", tabulate(rows, headers=_md_headers(), tablefmt="github", disable_numparse=True), ""]
-    algos = [[_md_cell(k, v) for k, v in n.items()] for n in data.algo_numbers()]
+        headers = [h for _, h in columns]
+        lines += ["", tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True), ""]
+    algos = [[_md_cell(k, n.get(k)) for k, _ in ALGO_COLUMNS] for n in view.algos]
     if algos:
+        headers = [h for _, h in ALGO_COLUMNS]
         lines += ["", "Hash algorithms against the default (equal cached tokens; TTFT ratio algorithm/default):"]
-        lines += ["", tabulate(algos, headers=_md_algo_headers(), tablefmt="github", disable_numparse=True), ""]
-    lines += [f"- {case}: {CASE_PURPOSE[case]}" for case in data.cases()] + [""]
-    failed = [v for v in data.verdicts if not v["passed"]]
-    lines.append(f"Verdicts: {len(data.verdicts) - len(failed)} passed, {len(failed)} failed.")
-    lines += [f"- FAIL `{v['test']}`: {v['message'].splitlines()[0]}" for v in failed]
-    lines += [f"- NOT MEASURED {k.id}: {e.splitlines()[0]}" for k, e in sorted(apc.errors.items())]
-    lines += [f"- FAIL baseline: {line}" for line in gate]
+        lines += ["", tabulate(algos, headers=headers, tablefmt="github", disable_numparse=True), ""]
+    lines += [f"- {case}: {CASE_PURPOSE.get(case, '')}" for case in view.cases()] + [""]
+    failed = [v for v in view.verdicts if not v["passed"]]
+    lines.append(f"Verdicts: {len(view.verdicts) - len(failed)} passed, {len(failed)} failed.")
+    lines += [f"- FAIL `{v.get('test')}`: {first_line(v.get('message'))}" for v in failed]
+    lines += [f"- NOT MEASURED {run_id}: {first_line(error)}" for run_id, error in view.errors]
+    lines += [f"- FAIL baseline: {line}" for line in view.gate.get("failures") or []]
     return "\n".join(lines) + "\n"
 
 
 def _md_cell(name: str, value: Any) -> str:
     return _num(value, ".1%") if name == "hit_ratio" and value is not None else _num(value)
-
-
-def _md_headers() -> list[str]:
-    return ["pair", "conc", "hit?", "cached tokens", "expected", "hit ratio", "TTFT OFF ms", "TTFT ON ms",
-            "gain", "gain CI low", "gain CI high", "prefill bound", "in tok/s OFF", "in tok/s ON", "out tok/s OFF",
-            "out tok/s ON", "E2E OFF ms", "E2E ON ms", "verdict"]  # fmt: skip
-
-
-def _md_algo_headers() -> list[str]:
-    return ["case", "conc", "hash", "default hash", "cached tokens", "default cached tokens", "TTFT default ms",
-            "TTFT ms", "ratio", "ratio CI low", "ratio CI high", "duration default s", "duration s",
-            "verdict"]  # fmt: skip

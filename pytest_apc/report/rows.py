@@ -158,7 +158,3 @@ class ReportData:
 
     def algo_numbers(self) -> list[dict[str, Any]]:
         return [row.numbers for row in self.algos]
-
-    def cases(self) -> list[str]:
-        """The cases of the pair rows, sorted."""
-        return sorted({c for r in self.pairs for c in (r.off.key.case, r.on.key.case)})

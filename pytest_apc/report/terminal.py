@@ -1,11 +1,14 @@
 """What pytest prints: the header lines, progress lines, the validation and hash-algorithm tables, the
-server lines and the terminal summary; and the number formatters every output shares."""
+server lines and the terminal summary; and the number formatters every output shares.
+
+The tables and the summary render a :class:`ReportView` (row dicts, as results.json stores them), so
+``python -m pytest_apc report`` prints a results file through the same functions."""
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -14,10 +17,13 @@ from tabulate import tabulate
 from pytest_apc.config import Settings, model_path_for_display
 from pytest_apc.redaction import redact
 from pytest_apc.report.rows import ReportData
-from pytest_apc.session import ApcSession
+from pytest_apc.report.view import ReportView
 
 if TYPE_CHECKING:
     from pytest_apc.report.gate import Gate
+    from pytest_apc.session import ApcSession
+
+Markup = dict[str, bool]  # keyword arguments of pytest's TerminalWriter.write_line: red, yellow, bold
 
 
 def _num(value: Any, spec: str | None = None) -> str:
@@ -34,6 +40,11 @@ def _num(value: Any, spec: str | None = None) -> str:
     if isinstance(value, int) or abs(value) >= 100:
         return f"{value:,.0f}"
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
+def first_line(text: Any) -> str:
+    """The first line of a message ("" for none)."""
+    return (str(text or "").splitlines() or [""])[0]
 
 
 def _k(value: float | None) -> str:
@@ -81,24 +92,25 @@ def progress_writer(config: pytest.Config, tr: Any) -> Callable[[str], None]:
     return write
 
 
-def table(data: ReportData, verbose: bool = False) -> str:
-    """The validation table; fits 120 columns, -v adds columns."""
+def table(rows: list[dict[str, Any]], verbose: bool = False) -> str:
+    """The validation table of pair rows (``ReportData.pair_numbers()``, results.json's ``pairs``, where
+    schema_version 1 also kept the rows of hash-algorithm servers, named e.g. ``E/F xxhash``); fits 120
+    columns, -v adds columns."""
     body = []
-    for row in data.pairs:
-        n = row.numbers
+    for n in rows:
         line = [
             n["pair"], n["concurrency"],
-            "yes" if n["cache_hit_observed"] else ("NO" if n["expected_cached_tokens"] else "no"),
-            f"{_num(n['cached_tokens'])}/{_num(n['expected_cached_tokens'])}", _num(n["hit_ratio"], ".0%"),
-            f"{_num(n['median_ttft_off_ms'])}>{_num(n['median_ttft_on_ms'])}",
-            f"{_num(n['ttft_speedup'], '.2f')}x/{_num(n['prefill_bound'], '.3g')}x",
-            f"{_k(n['input_throughput_off'])}>{_k(n['input_throughput_on'])}",
-            f"{_k(n['output_throughput_off'])}>{_k(n['output_throughput_on'])}",
-            f"{_num(n['median_e2el_off_ms'])}>{_num(n['median_e2el_on_ms'])}",
-            n["verdict"],
+            "yes" if n.get("cache_hit_observed") else ("NO" if n.get("expected_cached_tokens") else "no"),
+            f"{_num(n.get('cached_tokens'))}/{_num(n.get('expected_cached_tokens'))}", _num(n.get("hit_ratio"), ".0%"),
+            f"{_num(n.get('median_ttft_off_ms'))}>{_num(n.get('median_ttft_on_ms'))}",
+            f"{_num(n.get('ttft_speedup'), '.2f')}x/{_num(n.get('prefill_bound'), '.3g')}x",
+            f"{_k(n.get('input_throughput_off'))}>{_k(n.get('input_throughput_on'))}",
+            f"{_k(n.get('output_throughput_off'))}>{_k(n.get('output_throughput_on'))}",
+            f"{_num(n.get('median_e2el_off_ms'))}>{_num(n.get('median_e2el_on_ms'))}",
+            n.get("verdict", "-"),
         ]  # fmt: skip
         if verbose:
-            line.insert(7, f"[{_num(n['ttft_speedup_low'], '.2f')},{_num(n['ttft_speedup_high'], '.2f')}]")
+            line.insert(7, f"[{_num(n.get('ttft_speedup_low'), '.2f')},{_num(n.get('ttft_speedup_high'), '.2f')}]")
         body.append(line)
     headers = ["pair", "c", "hit", "cached/expected", "ratio", "TTFT ms", "gain/bound", "in tok/s", "out tok/s",
                "E2E ms", "verdict"]  # fmt: skip
@@ -107,17 +119,18 @@ def table(data: ReportData, verbose: bool = False) -> str:
     return tabulate(body, headers=headers, disable_numparse=True)
 
 
-def algo_table(data: ReportData) -> str:
-    """Each hash algorithm against the default one: same cached tokens, TTFT and duration within tolerance."""
+def algo_table(rows: list[dict[str, Any]]) -> str:
+    """Each hash algorithm against the default one (``ReportData.algo_numbers()``, results.json's
+    ``hash_algos``): same cached tokens, TTFT and duration within tolerance."""
     body = []
-    for row in data.algos:
-        n = row.numbers
+    for n in rows:
         body.append([
             f"{n['case']} {n['hash_algo']}", n["concurrency"],
-            f"{_num(n['cached_tokens'])}/{_num(n['default_cached_tokens'])}",
-            f"{_num(n['median_ttft_default_ms'])}>{_num(n['median_ttft_ms'])}",
-            f"{_num(n['ttft_ratio'], '.2f')}x [{_num(n['ttft_ratio_low'], '.2f')},{_num(n['ttft_ratio_high'], '.2f')}]",
-            f"{_num(n['duration_default_s'])}>{_num(n['duration_s'])}", n["verdict"],
+            f"{_num(n.get('cached_tokens'))}/{_num(n.get('default_cached_tokens'))}",
+            f"{_num(n.get('median_ttft_default_ms'))}>{_num(n.get('median_ttft_ms'))}",
+            f"{_num(n.get('ttft_ratio'), '.2f')}x [{_num(n.get('ttft_ratio_low'), '.2f')},"
+            f"{_num(n.get('ttft_ratio_high'), '.2f')}]",
+            f"{_num(n.get('duration_default_s'))}>{_num(n.get('duration_s'))}", n.get("verdict", "-"),
         ])  # fmt: skip
     headers = ["case algorithm", "c", "cached/default", "TTFT ms default>algo", "TTFT algo/default",
                "duration s", "verdict"]  # fmt: skip
@@ -141,41 +154,62 @@ def gate_table(rows: list[dict[str, Any]]) -> str:
     return tabulate(body, headers=headers, disable_numparse=True)
 
 
-def server_lines(apc: ApcSession) -> list[str]:
+def server_lines(servers: list[dict[str, Any]], launches: Mapping[str, int]) -> list[str]:
+    """One line per server (``ServerInfo`` fields, as results.json stores them)."""
     lines = []
-    for info in apc.servers.values():
-        tp = next((info.command[i + 1] for i, a in enumerate(info.command[:-1]) if a == "--tensor-parallel-size"), "1")
+    for info in servers:
+        command = [str(a) for a in info.get("command") or []]
+        tp = next((command[i + 1] for i, a in enumerate(command[:-1]) if a == "--tensor-parallel-size"), "1")
         lines.append(
-            f"{info.mode}: vLLM {info.version}, TP {tp}, block size {info.block_size}, "
-            f"{_num(info.num_gpu_blocks)} blocks = {_num(info.kv_cache_size_tokens)} KV tokens, "
-            f"hash {info.prefix_caching_hash_algo}, ready in {_num(info.startup_s, '.0f')} s, "
-            f"launches {apc.launches.get(info.mode, 0)}"
+            f"{info.get('mode')}: vLLM {info.get('version')}, TP {tp}, block size {info.get('block_size')}, "
+            f"{_num(info.get('num_gpu_blocks'))} blocks = {_num(info.get('kv_cache_size_tokens'))} KV tokens, "
+            f"hash {info.get('prefix_caching_hash_algo')}, ready in {_num(info.get('startup_s'), '.0f')} s, "
+            f"launches {launches.get(str(info.get('mode')), 0)}"
         )
+    return lines
+
+
+def gate_lines(gate: Mapping[str, Any]) -> list[tuple[str, Markup]]:
+    """What the baseline gate shows (``Gate.to_json()``, results.json's ``gate``): every compared row, then
+    one line per failure."""
+    lines: list[tuple[str, Markup]] = []
+    rows = gate.get("rows") or []
+    if rows:
+        compared = gate.get("compared", len(rows))
+        regressed = gate.get("regressed", sum(1 for row in rows if row["result"] != "ok"))
+        lines.append(
+            (
+                f"baseline {gate.get('baseline')}: {compared} row{'' if compared == 1 else 's'} compared, "
+                f"{regressed} regressed (baseline -> now (limit))",
+                {},
+            )
+        )
+        lines.append((gate_table(rows), {}))
+    lines += [(f"FAIL baseline: {line}", {"red": True, "bold": True}) for line in gate.get("failures") or []]
+    return lines
+
+
+def summary_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Markup]]:
+    """The terminal summary below its separator, each line with its markup for pytest's terminal writer."""
+    lines: list[tuple[str, Markup]] = []
+    model = model_path_for_display(view.model)
+    lines.append((f"model {model} ({view.profile} profile); TTFT OFF>ON; gain = median TTFT OFF/ON", {}))
+    lines += [(line, {}) for line in server_lines(view.servers, view.launches)]
+    if view.pairs:
+        lines.append((table(view.pairs, verbose=verbose), {}))
+    if view.algos:
+        default = view.algos[0].get("default_hash_algo") or "not reported"
+        lines.append((f"hash algorithms vs the default ({default}): cached tokens must be equal", {}))
+        lines.append((algo_table(view.algos), {}))
+    for run_id, error in view.errors:
+        lines.append((f"NOT MEASURED {run_id}: {first_line(error)}", {"red": True}))
+    lines += [(f"WARNING {line}", {"yellow": True}) for line in view.warnings]
+    lines += gate_lines(view.gate)
+    lines.append((f"results: {view.results}", {}))
     return lines
 
 
 def terminal_summary(tr: Any, apc: ApcSession, data: ReportData, gate: Gate | None = None) -> None:
     tr.write_sep("=", "apc validation")
-    model = model_path_for_display(apc.json_model())
-    tr.write_line(f"model {model} ({apc.settings.profile} profile); TTFT OFF>ON; gain = median TTFT OFF/ON")
-    for line in server_lines(apc):
-        tr.write_line(line)
-    if data.pairs:
-        tr.write_line(table(data, verbose=tr.config.get_verbosity() > 0))
-    if data.algos:
-        default = data.algos[0].default.server.prefix_caching_hash_algo or "not reported"
-        tr.write_line(f"hash algorithms vs the default ({default}): cached tokens must be equal")
-        tr.write_line(algo_table(data))
-    for key, error in sorted(apc.errors.items()):
-        tr.write_line(f"NOT MEASURED {key.id}: {error.splitlines()[0]}", red=True)
-    for line in apc.warnings:
-        tr.write_line(f"WARNING {line}", yellow=True)
-    if gate is not None and gate.rows:
-        tr.write_line(
-            f"baseline {gate.baseline}: {gate.compared} row{'' if gate.compared == 1 else 's'} compared, "
-            f"{gate.regressed} regressed (baseline -> now (limit))"
-        )
-        tr.write_line(gate_table(gate.rows))
-    for line in gate.failures if gate is not None else []:
-        tr.write_line(f"FAIL baseline: {line}", red=True, bold=True)
-    tr.write_line(f"results: {apc.json_path}")
+    for text, markup in summary_lines(ReportView.from_session(apc, data, gate), tr.config.get_verbosity() > 0):
+        tr.write_line(text, **markup)
