@@ -60,3 +60,42 @@ def test_fail_fast_table_matches_its_results_file() -> None:
     page = (REPO / "docs" / "troubleshooting.md").read_text()
     table = page[page.index("<!-- failfast-table") :].splitlines()[3:]
     assert table[: len(data["scenarios"])] == script.markdown_rows(data["scenarios"])
+
+
+def _h200(sub: str = "") -> tuple[str, dict]:
+    import json
+
+    folder = DOCS / "results" / "h200" / sub
+    return (folder / "README.md").read_text(), json.loads((folder / "results.json").read_text())
+
+
+def _num(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+@pytest.mark.parametrize("sub", ["", "hash-sweep"])
+def test_h200_pages_quote_their_results_files(sub: str) -> None:
+    """Figures the H200 pages quote are the ones in the results file next to them."""
+    page, data = _h200(sub)
+    lens = {server["max_model_len"] for server in data["servers"]}
+    quoted = {int(n) for n in re.findall(r"--max-model-len (\d+)", page)}
+    assert quoted == lens
+    for server in data["servers"]:
+        command = server["command"]
+        assert command[command.index("--max-model-len") + 1] == str(server["max_model_len"])
+    blocks = {server["num_gpu_blocks"] for server in data["servers"]}
+    quoted_blocks = {_num(n) for n in re.findall(r"([\d,]{6,})(?:-[\d,]+)? blocks", page)}
+    assert quoted_blocks
+    assert quoted_blocks <= blocks
+    rows = {(p["pair"], p["concurrency"]): p for p in data["pairs"] if p["hash_algo"] is None}
+    quoted_rows = re.findall(r"^\| (A/B|C/D|E/F) \| (\d+) \| ([\d,]+) / ([\d,]+) \|", page, re.MULTILINE)
+    assert quoted_rows
+    for pair, conc, cached, expected in quoted_rows:
+        row = rows[(pair, int(conc))]
+        assert (_num(cached), _num(expected)) == (row["cached_tokens"], row["expected_cached_tokens"])
+
+
+def test_h200_c8_cached_tokens_quoted_in_prose() -> None:
+    page, data = _h200()
+    (c8,) = [p for p in data["pairs"] if p["pair"] == "C/D" and p["concurrency"] == 8]
+    assert f"**{c8['cached_tokens']:,}**" in page

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The H200 proof run (issue 6), exactly as it was started on the lent H200 machine: vLLM 0.26.0 from the
-# staged wheels (../shared/gpu/), an 8B-shaped model with random weights, the full-scale suite through the
-# plugin itself. Started detached because one device command may run 10 minutes at most.
+# The H200 proof run, as it was started: vLLM 0.26.0 installed from its wheels, an 8B-shaped model with
+# random weights, the full-scale suite through the plugin itself. ENV.sh put that Python environment on
+# PATH; the repository was copied to a scratch folder and the run started detached, in the background.
 set -euo pipefail
 . /tmp/site/ENV.sh
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1

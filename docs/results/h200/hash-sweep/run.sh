@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# The second H200 run (issue 6): the hash-algorithm comparison and the E/F sweep at concurrency 1 and 8,
-# with the same environment as ../run.sh (vLLM 0.26.0 from ../shared/gpu/, 8B-shaped random-weight model).
-# GPU time allowed two non-default algorithms and one extra E/F level; started detached because one device
-# command may run 10 minutes at most.
+# The second H200 run: the hash-algorithm comparison and the E/F sweep at concurrency 1 and 8, with the
+# same environment as ../run.sh (vLLM 0.26.0, 8B-shaped random-weight model). Started detached, in the
+# background.
 set -euo pipefail
 . /tmp/site/ENV.sh
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
