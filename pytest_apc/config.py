@@ -313,7 +313,8 @@ class Settings:
         "",
         (
             "API key: passed as --api-key to launched servers and as a bearer token to every request; redacted "
-            "from logs, reports and the results file"
+            "from logs, reports and the results file. Prefer PYTEST_APC_API_KEY: a command-line value is visible "
+            "to other users in ps"
         ),
         "KEY",
     )
