@@ -183,3 +183,17 @@ def test_an_unused_option_can_fail_a_pipeline(apc_suite: pytest.Pytester) -> Non
         ["*--apc-url-off http://off:8000 (option --apc-url-off): no selected test measures on the APC-off server "
          "(*-m 'hash_algo' deselected them)"]
     )  # fmt: skip
+
+
+def test_missing_vllm_bench_module_is_one_usage_line(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without vllm.benchmarks.serve the run stops at start-up with one line naming the installed vLLM."""
+    import importlib.util
+
+    pytester.makepyfile(SUITE)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    result = pytester.runpytest("--cpu-node")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*needs vLLM's benchmark module vllm.benchmarks.serve*installed: *tested with*"])
+    assert pytester.runpytest("--cpu-node", "--apc-server-command=/opt/vllm-serve").ret != (pytest.ExitCode.USAGE_ERROR)
