@@ -56,31 +56,33 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    report = commands.add_parser(
+
+    def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name,
+            help=summary,
+            description=_wrapped(description),
+            epilog=EXIT_STATUSES,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    report = command(
         "report",
-        help="print the validation table of a results file",
-        description=_wrapped(
-            "Print the validation table of a results file as the run printed it: server lines, the pair rows, "
-            "the hash-algorithm rows, runs not measured, warnings, and the rows the baseline gate compared. "
-            "The numbers are the file's (pairs[], hash_algos[], gate); nothing is recomputed."
-        ),
-        epilog=EXIT_STATUSES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "print the validation table of a results file",
+        "Print the validation table of a results file as the run printed it: server lines, the pair rows, "
+        "the hash-algorithm rows, runs not measured, warnings, and the rows the baseline gate compared. "
+        "The numbers are the file's (pairs[], hash_algos[], gate); nothing is recomputed.",
     )
     report.add_argument("results", metavar="RESULTS", type=Path, help="a results.json written by pytest-apc")
     report.add_argument("--markdown", action="store_true", help="print summary.md (GitHub Markdown) instead")
     report.add_argument("-v", "--verbose", action="store_true", help="add the columns of pytest -v (gain CI)")
-    compare = commands.add_parser(
+    compare = command(
         "compare",
-        help="gate a results file against a baseline results file",
-        description=_wrapped(
-            "Compare RESULTS with BASELINE by the rules of --apc-baseline: refused when they were measured under "
-            "other conditions (profile, model name, workload settings, seed, APC-on block size) or share no "
-            "row; fails when a row's median TTFT ON, TTFT gain or cached tokens regressed beyond the "
-            "tolerance. Prints every compared row (baseline -> now (limit))."
-        ),
-        epilog=EXIT_STATUSES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "gate a results file against a baseline results file",
+        "Compare RESULTS with BASELINE by the rules of --apc-baseline: refused when they were measured under "
+        "other conditions (profile, model name, workload settings, seed, APC-on block size) or share no "
+        "row; fails when a row's median TTFT ON, TTFT gain or cached tokens regressed beyond the "
+        "tolerance. Prints every compared row (baseline -> now (limit)).",
     )
     compare.add_argument("baseline", metavar="BASELINE", type=Path, help="the results.json to compare with")
     compare.add_argument("results", metavar="RESULTS", type=Path, help="the results.json to judge")

@@ -263,8 +263,8 @@ def _warn_unused_settings(
     for message in unused_settings(
         settings, planned, deselected, skipped, " ".join(how) or "the selection", FAMILY_MARKERS
     ):
-        if message not in session.warnings:
-            session.warnings.append(message)
+        if message not in session.measured.warnings:
+            session.measured.warnings.append(message)
         try:
             warnings.warn(ApcUnusedOptionWarning(message), stacklevel=1)
         except ApcUnusedOptionWarning as err:  # -W error::...ApcUnusedOptionWarning: a usage error, not INTERNALERROR
@@ -308,7 +308,7 @@ def apc_pair(request: pytest.FixtureRequest, apc_session: ApcSession) -> Pair:
     off_key, on_key = RunKey.parse(request.param).pair()
     off, on = apc_session.get(off_key), apc_session.get(on_key)
     _require_comparable(off, on)
-    pair = Pair(off=off, on=on, settings=apc_session.settings, runs=apc_session.records)
+    pair = Pair(off=off, on=on, settings=apc_session.settings, runs=apc_session.measured.records)
     report.record_properties(request.node, pair.on)
     return pair
 

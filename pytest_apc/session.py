@@ -52,27 +52,6 @@ class ApcSession:
     def __post_init__(self) -> None:
         self.store = RunStore(self.run_dir)
 
-    # What was measured, for verdicts and the report.
-    @property
-    def records(self) -> dict[RunKey, RunRecord]:
-        return self.measured.records
-
-    @property
-    def errors(self) -> dict[RunKey, str]:
-        return self.measured.errors
-
-    @property
-    def servers(self) -> dict[str, ServerInfo]:
-        return self.measured.servers
-
-    @property
-    def launches(self) -> dict[str, int]:
-        return self.measured.launches
-
-    @property
-    def warnings(self) -> list[str]:
-        return self.measured.warnings
-
     # -- the one entry point tests use ---------------------------------------------------------------------
 
     def get(self, key: RunKey) -> RunRecord:
@@ -81,11 +60,11 @@ class ApcSession:
         Under xdist the store's lock makes sure one deployment runs at a time on the node and each mode is
         measured by one worker only; the others adopt its runs.
         """
-        if key not in self.records and key not in self.errors:
+        if key not in self.measured.records and key not in self.measured.errors:
             self.plan.add([key])
             with self.store.lock():
                 self.load_store()
-                if key not in self.records and key not in self.errors:
+                if key not in self.measured.records and key not in self.measured.errors:
                     if key.mode in self.measured.done_modes:
                         # Not planned at collection: measuring it now would need a second launch.
                         raise MeasurementError(
@@ -94,9 +73,9 @@ class ApcSession:
                         )
                     self._measure_mode(key.mode)
                     self.store.save(self.measured)
-        if key in self.errors:
-            raise MeasurementError(self.errors[key])
-        return self.records[key]
+        if key in self.measured.errors:
+            raise MeasurementError(self.measured.errors[key])
+        return self.measured.records[key]
 
     def load_store(self) -> None:
         """Adopt what any process of this run has measured."""
@@ -131,7 +110,7 @@ class ApcSession:
         """A ready deployment for ``mode``, or None with every run of it failed (naming why)."""
         deployment = deployment_for(mode, self.settings, self.model(), self.run_dir, self.progress)
         if deployment.launched:
-            self.launches[mode.name] = self.launches.get(mode.name, 0) + 1
+            self.measured.launches[mode.name] = self.measured.launches.get(mode.name, 0) + 1
             self.progress(f"{mode.name}: launching ({len(keys)} runs planned)")
         else:
             self.progress(f"{mode.name}: using the external server {deployment.url}")
@@ -141,12 +120,12 @@ class ApcSession:
                 deployment.start()
             except ServerError as err:
                 deployment.stop()
-                self.servers[mode.name] = deployment.info
+                self.measured.servers[mode.name] = deployment.info
                 self._fail_runs(keys, f"the {mode.name} server could not start:\n{err}")
                 self.write_json()
                 return None
         self._active = deployment
-        self.servers[mode.name] = info = deployment.info
+        self.measured.servers[mode.name] = info = deployment.info
         self.progress(
             f"{mode.name}: ready in {info.startup_s:.0f} s; block size {info.block_size}, "
             f"{info.kv_cache_line or 'KV cache size line not seen'}"
@@ -161,7 +140,7 @@ class ApcSession:
         first_failure: str | None = None
         for key in keys:
             if first_failure and not deployment.alive():
-                self.errors[key] = (
+                self.measured.errors[key] = (
                     f"run {key.id} was not measured: the {name} server is no longer running; "
                     f"the first failure was: {first_failure}"
                 )
@@ -169,13 +148,13 @@ class ApcSession:
             self.progress(f"{name}: measuring {key.id}")
             started = time.monotonic()
             try:
-                self.records[key] = measurer.run(key, deployment)
+                self.measured.records[key] = measurer.run(key, deployment)
             except RUN_ERRORS as err:
                 alive = deployment.alive()
                 # A ServerError carries the log tail already.
                 quiet = alive or isinstance(err, ServerError)
                 log = "" if quiet else f"\n--- the server died; last lines of its log ---\n{tail(deployment.log_path)}"
-                self.errors[key] = f"run {key.id} failed: {err}{log}"
+                self.measured.errors[key] = f"run {key.id} failed: {err}{log}"
                 first_failure = first_failure or (
                     f"run {key.id}" if alive else f"run {key.id} (the server died during it)"
                 )
@@ -211,17 +190,17 @@ class ApcSession:
             )
             self._warn(message)
             if self.settings.kv_check == "fail":
-                self.errors[key] = message + " (--apc-kv-check=fail: not measured)"
+                self.measured.errors[key] = message + " (--apc-kv-check=fail: not measured)"
             else:
                 kept.append(key)
         return kept
 
     def _fail_runs(self, keys: list[RunKey], message: str) -> None:
         for key in keys:
-            self.errors[key] = message
+            self.measured.errors[key] = message
 
     def _warn(self, message: str) -> None:
-        self.warnings.append(message)
+        self.measured.warnings.append(message)
         self.progress(f"WARNING {message}")
 
     # -- what the deployments share --------------------------------------------------------------------------

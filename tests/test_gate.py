@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pytest_apc.records import Measured
 from pytest_apc.report import SCHEMA_PATH, gate, rows, terminal
 from tests.test_verdict import delta, off_delta, record, settings
 
@@ -28,12 +29,12 @@ def _session(pytester: pytest.Pytester, *args: str, block_size: int = 128, level
         hits = off.prediction.expected_hits
         runs += [off, record(s, "D", c, delta(int(off.bench["total_input_tokens"]), hits), 40.0, block_size=block_size)]
     servers = {run.server.mode: run.server for run in runs}
-    return SimpleNamespace(settings=s, records={r.key: r for r in runs}, servers=servers, errors={}, warnings=[],
+    return SimpleNamespace(settings=s, measured=Measured(records={r.key: r for r in runs}, servers=servers),
                            json_model=lambda: MODEL)  # fmt: skip
 
 
 def _data(apc: SimpleNamespace) -> rows.ReportData:
-    return rows.ReportData.build(apc.records, rows.Outcomes(), apc.settings)
+    return rows.ReportData.build(apc.measured.records, rows.Outcomes(), apc.settings)
 
 
 def _results(apc: SimpleNamespace, data: rows.ReportData) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def _results(apc: SimpleNamespace, data: rows.ReportData) -> dict[str, Any]:
         "profile": apc.settings.profile,
         "model": "/other/node/models/tiny-llama-v1-0123456789ab",  # another node's cache folder, same model
         "settings": json.loads(json.dumps(apc.settings.as_dict())),
-        "servers": [dict(info.__dict__) for info in apc.servers.values()],
+        "servers": [dict(info.__dict__) for info in apc.measured.servers.values()],
         "pairs": json.loads(json.dumps(data.pair_numbers())),
     }
 
@@ -63,7 +64,7 @@ def test_a_comparable_baseline_passes_and_every_row_is_shown(pytester, tmp_path)
     assert [(r["pair"], r["concurrency"], r["result"]) for r in result.rows] == [("C/D", 1, "ok"), ("C/D", 8, "ok")]
     assert [m["metric"] for m in result.rows[0]["metrics"]] == ["ttft_on", "speedup", "cached_tokens"]
     assert all(m["result"] == "ok" and m["was"] == m["now"] for m in result.rows[0]["metrics"])
-    assert apc.warnings == []
+    assert apc.measured.warnings == []
     table = terminal.gate_table(result.rows).splitlines()
     assert table[0].split()[:2] == ["pair", "c"]
     assert [line.split()[-1] for line in table[2:]] == ["ok", "ok"]
@@ -148,7 +149,7 @@ def test_a_row_missing_from_the_baseline_is_a_warning_while_others_overlap(pytes
     result = _gate(apc, data, baseline, tmp_path)
     assert result.failures == []
     assert [r["concurrency"] for r in result.rows] == [8]
-    assert apc.warnings == [f"baseline {tmp_path / 'baseline.json'} has no row C/D c1: not compared"]
+    assert apc.measured.warnings == [f"baseline {tmp_path / 'baseline.json'} has no row C/D c1: not compared"]
 
 
 def test_one_regression_fails_and_the_passing_rows_are_listed(pytester, tmp_path) -> None:
@@ -208,7 +209,7 @@ def test_the_terminal_summary_prints_the_compared_rows_and_the_failures(pytester
     lines: list[str] = []
     tr = SimpleNamespace(config=pytester.parseconfig(), write_sep=lambda *a, **k: None,
                          write_line=lambda line, **k: lines.extend(line.splitlines()))  # fmt: skip
-    apc.launches, apc.json_path = {}, tmp_path / "results.json"
+    apc.measured.launches, apc.json_path = {}, tmp_path / "results.json"
     terminal.terminal_summary(tr, apc, data, result)  # type: ignore[arg-type]
     start = lines.index(
         f"baseline {tmp_path / 'baseline.json'}: 2 rows compared, 1 regressed (baseline -> now (limit))"

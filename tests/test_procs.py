@@ -69,11 +69,11 @@ def test_kv_working_set_beyond_capacity(pytester: pytest.Pytester, tmp_path: Pat
     kept = session._check_kv_capacity(keys, info)
     assert (RunKey("D", 8) in kept) is measured
     assert RunKey("D", 1) in kept  # 17 blocks fit in 40
-    assert session.warnings == [
+    assert session.measured.warnings == [
         "run D-c8: concurrency 8 x 17 blocks per request = 136 KV-cache blocks, more than the apc-on server's 40 "
         "(block size 128): expect preemptions and evicted prefix blocks"
     ]
-    assert (RunKey("D", 8) in session.errors) is not measured
+    assert (RunKey("D", 8) in session.measured.errors) is not measured
 
 
 def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypatch) -> None:

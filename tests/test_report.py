@@ -10,19 +10,20 @@ from types import SimpleNamespace
 
 from pytest_apc import verdict
 from pytest_apc.cases import RunKey
+from pytest_apc.records import Measured
 from pytest_apc.report import gate, markdown, rows, terminal
 from pytest_apc.report.view import ReportView
 from tests.test_verdict import delta, off_delta, record, settings
 
 
 def _session(s, runs):
-    return SimpleNamespace(settings=s, records={r.key: r for r in runs}, servers={}, errors={}, warnings=[],
-                           launches={}, json_path="results.json", json_model=lambda: "tiny")  # fmt: skip
+    return SimpleNamespace(settings=s, measured=Measured(records={r.key: r for r in runs}),
+                           json_path="results.json", json_model=lambda: "tiny")  # fmt: skip
 
 
 def _data(apc, verdicts=(), failed=()) -> rows.ReportData:
     """The report's rows, computed once, as the controller does after the tests ran."""
-    return rows.ReportData.build(apc.records, rows.Outcomes(list(verdicts), set(failed)), apc.settings)
+    return rows.ReportData.build(apc.measured.records, rows.Outcomes(list(verdicts), set(failed)), apc.settings)
 
 
 def _algo_run(s, base, algo: str, ttft_ms: float, hits: int | None = None):

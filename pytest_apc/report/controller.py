@@ -49,7 +49,7 @@ class ControllerReporter:
         """The rows, built once from every run measured by any process of this run, after the tests ran."""
         if self.data is None:
             self.apc.load_store()
-            self.data = ReportData.build(self.apc.records, self.outcomes, self.apc.settings)
+            self.data = ReportData.build(self.apc.measured.records, self.outcomes, self.apc.settings)
         return self.data
 
     @pytest.hookimpl(wrapper=True)

@@ -25,7 +25,7 @@ def environment(apc: ApcSession) -> dict[str, Any]:
             return None
         return out or None
 
-    versions = sorted({info.version for info in apc.servers.values() if info.version})
+    versions = sorted({info.version for info in apc.measured.servers.values() if info.version})
     gpus = run("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
     return {
         "pytest_apc": pytest_apc.__version__,

@@ -255,7 +255,7 @@ def session_document(apc: ApcSession, data: ReportData) -> dict[str, Any]:
         "profile": apc.settings.profile,
         "model": apc.json_model(),
         "settings": apc.settings.as_dict(),
-        "servers": [dict(info.__dict__) for info in apc.servers.values()],
+        "servers": [dict(info.__dict__) for info in apc.measured.servers.values()],
         "pairs": data.pair_numbers(),
     }
 
@@ -268,5 +268,5 @@ def compare_baseline(apc: ApcSession, data: ReportData, baseline_path: Path) -> 
     except UnreadableResults as err:
         return Gate(baseline=str(baseline_path), failures=[str(err)])
     gate = compare_documents(old, session_document(apc, data), str(baseline_path), apc.settings.baseline_tolerance)
-    apc.warnings.extend(gate.warnings)
+    apc.measured.warnings.extend(gate.warnings)
     return gate

@@ -37,13 +37,13 @@ class ReportView:
         return cls(
             model=apc.json_model(),
             profile=apc.settings.profile,
-            servers=[dict(info.__dict__) for info in apc.servers.values()],
-            launches=apc.launches,
+            servers=[dict(info.__dict__) for info in apc.measured.servers.values()],
+            launches=apc.measured.launches,
             pairs=data.pair_numbers(),
             algos=data.algo_numbers(),
             verdicts=data.verdicts,
-            errors=[(key.id, error) for key, error in sorted(apc.errors.items())],
-            warnings=apc.warnings,
+            errors=[(key.id, error) for key, error in sorted(apc.measured.errors.items())],
+            warnings=apc.measured.warnings,
             gate=gate.to_json() if gate is not None else {},
             results=str(apc.json_path),
         )
