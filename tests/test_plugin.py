@@ -123,7 +123,7 @@ def apc_suite(pytester: pytest.Pytester) -> pytest.Pytester:
 def _session_warnings(reprec: Any) -> list[str]:
     from pytest_apc.plugin import SESSION_KEY
 
-    return reprec.getcall("pytest_collection_finish").session.config.stash[SESSION_KEY].warnings
+    return reprec.getcall("pytest_collection_finish").session.config.stash[SESSION_KEY].measured.warnings
 
 
 def test_an_option_whose_tests_are_deselected_says_so(apc_suite: pytest.Pytester) -> None:
