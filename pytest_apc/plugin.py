@@ -2,7 +2,8 @@
 
 * settings: ``config.py`` (every option / ini key / env variable, one precedence)
 * the A-F matrix and the expected hit count: ``cases.py`` (``predict``)
-* where the server is started: ``server.py`` (``VllmServer.start``), driven by ``session.py``
+* where the server is started: ``server.py`` (``LaunchedServer.start``), chosen by ``deployment.py``
+  (``deployment_for``) and driven by ``session.py`` (plan -> deployment -> ``measure.py`` -> ``records.py``)
 * the benchmark: ``bench.py``; metrics: ``metrics.py``; verdicts: ``verdict.py``; output: the ``report`` package
 """
 
