@@ -37,7 +37,7 @@ from pytest_apc.cases import RunKey, Workload
 _NOT_DATASET = {
     "base_url", "host", "port", "max_concurrency", "result_dir", "result_filename", "request_id_prefix",
     "metadata", "label", "disable_tqdm", "save_result", "save_detailed", "percentile_metrics",
-    "metric_percentiles", "request_rate", "burstiness", "ready_check_timeout_sec", "num_warmups",
+    "metric_percentiles", "request_rate", "burstiness", "ready_check_timeout_sec", "num_warmups", "header",
 }  # fmt: skip
 
 
@@ -90,6 +90,8 @@ def bench_args(
         "--result-dir", str(result_dir),
         "--result-filename", result_filename,
         "--disable-tqdm",
+        # A fleet run is one session: a session-affinity router (consistent_hash) keeps it on one replica.
+        *(["--header", f"X-Session-ID=pytest-apc-{key.id}"] if key.route else []),
     ]  # fmt: skip
 
 

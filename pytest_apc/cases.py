@@ -8,6 +8,11 @@
 | D    | 32K    | 1K     | on  | pure     | same                                  |
 | E    | 32K    | 32K    | off | rag      | random, input 32768, prefix 32000     |
 | F    | 32K    | 32K    | on  | rag      | same                                  |
+| R    | 32K    | 1K     | on  | fleet    | prefix_repetition, G prefixes, routed |
+
+R is the fleet case: C/D's lengths in G prefix groups (``--apc-prefix-groups``), sent through a router
+(one run per route: a router policy, vLLM's data-parallel balancer, or an external gateway) to several
+replicas; its verdicts read every replica's counters (``cold_prefills``).
 
 A *workload* is what the benchmark sends; the ON and OFF case of a pair share it byte for byte.
 The expected cache hits are computed here (``predict``) from the workload's shape, the
@@ -20,11 +25,11 @@ from dataclasses import dataclass
 
 from pytest_apc.config import Settings
 
-FAMILIES = ("overhead", "pure", "rag")
+FAMILIES = ("overhead", "pure", "rag", "fleet")
 # ON case -> OFF case of the same pair.
 PAIRS = {"B": "A", "D": "C", "F": "E"}
-CASE_FAMILY = {"A": "overhead", "B": "overhead", "C": "pure", "D": "pure", "E": "rag", "F": "rag"}
-CASE_APC = {"A": False, "B": True, "C": False, "D": True, "E": False, "F": True}
+CASE_FAMILY = {"A": "overhead", "B": "overhead", "C": "pure", "D": "pure", "E": "rag", "F": "rag", "R": "fleet"}
+CASE_APC = {"A": False, "B": True, "C": False, "D": True, "E": False, "F": True, "R": True}
 CASE_PURPOSE = {
     "A": "baseline, no shared prefix",
     "B": "APC overhead (A ~ B expected)",
@@ -32,7 +37,11 @@ CASE_PURPOSE = {
     "D": "pure APC effect",
     "E": "agent/RAG baseline",
     "F": "agent/RAG APC effect",
+    "R": "prefix groups routed across replicas",
 }
+# Routes of the fleet case that are not router policies.
+DATA_PARALLEL = "dp"  # one vLLM server with --data-parallel-size: its own balancer
+EXTERNAL_FLEET = "external"  # a router or gateway run elsewhere (--apc-fleet-url)
 
 
 @dataclass(frozen=True)
@@ -45,10 +54,11 @@ class Workload:
     output_len: int
     num_prompts: int
     seed: int
+    prefix_groups: int = 1  # G distinct prefixes, num_prompts / G requests each (prefix_repetition)
 
     @property
     def dataset(self) -> str:
-        return "prefix_repetition" if self.family == "pure" else "random"
+        return "prefix_repetition" if self.family in ("pure", "fleet") else "random"
 
     def dataset_args(self) -> list[str]:
         """The dataset flags of ``vllm bench serve`` for this workload."""
@@ -57,7 +67,7 @@ class Workload:
                 "--dataset-name", "prefix_repetition",
                 "--prefix-repetition-prefix-len", str(self.prefix_len),
                 "--prefix-repetition-suffix-len", str(self.suffix_len),
-                "--prefix-repetition-num-prefixes", "1",
+                "--prefix-repetition-num-prefixes", str(self.prefix_groups),
                 "--prefix-repetition-output-len", str(self.output_len),
             ]  # fmt: skip
         return [
@@ -82,13 +92,14 @@ def workload_for(family: str, settings: Settings) -> Workload:
     s = settings.scaled
     if family == "overhead":
         prefix, suffix = 0, s(settings.input_len)
-    elif family == "pure":
+    elif family in ("pure", "fleet"):
         prefix, suffix = s(settings.prefix_len), s(settings.suffix_len)
     elif family == "rag":
         prefix, suffix = s(settings.rag_prefix_len), s(settings.input_len)
     else:  # pragma: no cover - guarded by FAMILIES
         raise ValueError(f"unknown case family {family!r}")
-    return Workload(family, prefix, suffix, s(settings.output_len), settings.num_prompts, settings.seed)
+    groups = settings.prefix_groups if family == "fleet" else 1
+    return Workload(family, prefix, suffix, s(settings.output_len), settings.num_prompts, settings.seed, groups)
 
 
 def longest_request_tokens(settings: Settings) -> int:
@@ -102,10 +113,12 @@ class ServerMode:
 
     apc: bool
     hash_algo: str = ""
+    fleet: str = ""  # "" one server; "router": replicas behind a router; "dp": a data-parallel server; "external"
 
     @property
     def name(self) -> str:
-        return ("apc-on" if self.apc else "apc-off") + (f"-{self.hash_algo}" if self.hash_algo else "")
+        name = ("apc-on" if self.apc else "apc-off") + (f"-{self.hash_algo}" if self.hash_algo else "")
+        return name + (f"-fleet-{self.fleet}" if self.fleet else "")
 
 
 def ceil_div(tokens: int, block_size: int) -> int:
@@ -120,6 +133,7 @@ class RunKey:
     case: str
     concurrency: int
     hash_algo: str = ""  # "" = the server's default
+    route: str = ""  # fleet case only: a router policy, DATA_PARALLEL or EXTERNAL_FLEET
 
     @property
     def apc(self) -> bool:
@@ -131,21 +145,29 @@ class RunKey:
 
     @property
     def mode(self) -> ServerMode:
-        """The server this run is measured on."""
-        return ServerMode(self.apc, self.hash_algo)
+        """The deployment this run is measured on (every router policy shares one fleet of replicas)."""
+        if not self.route:
+            return ServerMode(self.apc, self.hash_algo)
+        fleet = self.route if self.route in (DATA_PARALLEL, EXTERNAL_FLEET) else "router"
+        return ServerMode(self.apc, self.hash_algo, fleet)
 
     @property
     def id(self) -> str:
-        suffix = f"-{self.hash_algo}" if self.hash_algo else ""
+        suffix = f"-{self.route or self.hash_algo}" if (self.route or self.hash_algo) else ""
         return f"{self.case}-c{self.concurrency}{suffix}"
 
     @classmethod
     def parse(cls, text: str) -> RunKey:
-        """``"D-c8"`` or ``"D-c8-xxhash"`` -> RunKey."""
+        """``"D-c8"``, ``"D-c8-xxhash"`` or (fleet) ``"R-c4-round_robin"`` -> RunKey."""
         parts = text.split("-", 2)
         if len(parts) < 2 or parts[0] not in CASE_APC or not parts[1].startswith("c"):
             raise ValueError(f"not a run id: {text!r} (expected e.g. 'D-c8')")
-        return cls(parts[0], int(parts[1][1:]), parts[2] if len(parts) == 3 else "")
+        last = parts[2] if len(parts) == 3 else ""
+        if CASE_FAMILY[parts[0]] == "fleet":
+            if not last:
+                raise ValueError(f"not a fleet run id: {text!r} (expected e.g. 'R-c4-round_robin')")
+            return cls(parts[0], int(parts[1][1:]), route=last)
+        return cls(parts[0], int(parts[1][1:]), last)
 
     def pair(self) -> tuple[RunKey, RunKey]:
         """(OFF run, ON run) of this key's pair; the OFF side never carries a hash algorithm."""
@@ -166,25 +188,58 @@ class Prediction:
     computed_tokens_off: int  # prefill the OFF server computes
     computed_tokens_on: int  # prefill the ON server must still compute (predicted)
     prefill_bound: float  # computed_off / computed_on: the most prefill APC can save
+    prefix_groups: int = 1  # G
+    header_block_tokens: int = 0  # Q = floor(header / B) * B: what requests of different groups share
 
     def as_dict(self) -> dict[str, float | int]:
         return dict(self.__dict__)
 
+    @property
+    def group_tokens(self) -> int:
+        """P = floor(S / B) * B: what a request hits on a replica that already served its prefix group."""
+        return self.shared_blocks * self.block_size
+
+    def replica_hits(self, requests: int, cold: int) -> int:
+        """Hits of one cold replica that served ``requests`` requests, ``cold`` of them the first of their
+        prefix group there: (k - c) * P + (c - 1) * Q (its very first request hits nothing)."""
+        if requests == 0:
+            return 0
+        return (requests - cold) * self.group_tokens + (cold - 1) * self.header_block_tokens
+
+    def cold_prefills(self, requests: int, hits: int) -> tuple[int | None, int]:
+        """The number of cold prefills that explains one replica's hits, and the hits left unexplained.
+
+        Inverts ``replica_hits``: c = (k * P - Q - hits) / (P - Q), rounded, within 1..min(k, G). None when
+        the prefix does not span a block beyond the header (P == Q): then every request hits the same.
+        """
+        if requests == 0:
+            return 0, hits
+        per_group = self.group_tokens - self.header_block_tokens
+        if per_group <= 0:
+            return None, hits
+        cold = round((requests * self.group_tokens - self.header_block_tokens - hits) / per_group)
+        cold = min(max(cold, 1), min(requests, self.prefix_groups))
+        return cold, hits - self.replica_hits(requests, cold)
+
 
 def predict(workload: Workload, header_tokens: int, block_size: int, total_input_tokens: int) -> Prediction:
-    """Expected hits on a cold cache: (N-1) * floor(S/B) * B with S = header + prefix.
+    """Expected hits on one cold server: (N - G) * floor(S/B) * B + (G - 1) * floor(H/B) * B, with
+    S = header + prefix, H = header and G prefix groups; for one group, (N-1) * floor(S/B) * B.
 
-    vLLM registers a request's blocks when it is scheduled, so the number does not depend on
-    concurrency. A case without a shared prefix can still hit the template header when it spans a block.
-    Tolerance below: one block per request for tokenisation at the prefix/suffix boundary. Above: the
-    same, but less than half of one request's shared blocks, so that a cache warm from an earlier run
-    (every request hits, the first one too: N instead of N-1) cannot pass; where a request shares at
-    most one block, chance matches of the suffixes (seen on the H200: 3 blocks of 16) look the same.
+    Each group's first request computes its prefix, every other one hits it; a first request of a
+    group still hits the header blocks another group left. vLLM registers a request's blocks when it is
+    scheduled, so the number does not depend on concurrency. A case without a shared prefix can still
+    hit the template header when it spans a block. Tolerance below: one block per request for
+    tokenisation at the prefix/suffix boundary. Above: the same, but less than half of one request's
+    shared blocks, so that a cache warm from an earlier run (every request hits, the first one too: N
+    instead of N-1) cannot pass; where a request shares at most one block, chance matches of the
+    suffixes (seen on the H200: 3 blocks of 16) look the same.
     """
-    n = workload.num_prompts
+    n, groups = workload.num_prompts, workload.prefix_groups
     shared = header_tokens + workload.prefix_len
     blocks = shared // block_size
-    expected = (n - 1) * blocks * block_size
+    header_blocks = (header_tokens // block_size) * block_size
+    expected = (n - groups) * blocks * block_size + (groups - 1) * header_blocks
     tolerance = (n - 1) * block_size
     tolerance_above = tolerance if blocks <= 1 else min(tolerance, blocks * block_size // 2)
     computed_off = total_input_tokens
@@ -199,4 +254,6 @@ def predict(workload: Workload, header_tokens: int, block_size: int, total_input
         computed_tokens_off=computed_off,
         computed_tokens_on=computed_on,
         prefill_bound=computed_off / computed_on,
+        prefix_groups=groups,
+        header_block_tokens=header_blocks,
     )

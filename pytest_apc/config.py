@@ -104,6 +104,19 @@ def _tolerances(text: str) -> dict[str, tuple[str, float]]:
     return found
 
 
+ROUTER_POLICIES = (
+    "round_robin", "random", "cache_aware", "consistent_hash", "power_of_two", "sticky_least_loaded", "kv_aware",
+)  # fmt: skip
+
+
+def _router_policies(text: str) -> tuple[str, ...]:
+    values = tuple(dict.fromkeys(part for part in text.replace(",", " ").split()))
+    for value in values:
+        if value not in ROUTER_POLICIES:
+            raise ValueError(f"unknown vllm-router policy {value!r} (choose from {', '.join(ROUTER_POLICIES)})")
+    return values
+
+
 def _profile(text: str) -> str:
     if text not in PROFILES:
         raise ValueError(f"must be one of {', '.join(PROFILES)}")
@@ -474,6 +487,59 @@ class Settings:
         "Prefix-caching hash algorithms to compare, one APC-on server each (default: only the server's default)",
         "ALGO,...",
     )
+    # -- fleets: the R case (tests marked fleet) ------------------------------------------------------------
+    replicas: int = setting(
+        number(int, low=2),
+        2,
+        "Fleet tests: vLLM replicas launched behind vllm-router (on a GPU node each gets its own GPUs)",
+        "N",
+    )
+    router_policies: tuple[str, ...] = setting(
+        _router_policies,
+        ("round_robin", "consistent_hash"),
+        (
+            "Fleet tests: vllm-router policies to measure, one run each on the same replicas (router restarted "
+            "per policy, every replica's cache reset); empty for none"
+        ),
+        "POLICY,...",
+    )
+    router_command: tuple[str, ...] = setting(
+        _args, ("vllm-router",), "Fleet tests: command that starts vllm-router (pip install 'pytest-apc[fleet]')", "CMD"
+    )
+    router_arg: tuple[str, ...] = setting(
+        _str, (), "Fleet tests: extra argument of the launched vllm-router (repeatable)", "ARG", repeatable=True
+    )
+    data_parallel_size: int = setting(
+        _non_negative_int,
+        0,
+        "Fleet tests: also measure one vLLM server with --data-parallel-size N (its own balancer); 0: not",
+        "N",
+    )
+    prefix_groups: int = setting(
+        _positive_int,
+        1,
+        "Fleet tests: distinct shared prefixes (G), --apc-num-prompts / G requests each; must divide the prompts",
+        "G",
+    )
+    fleet_url: str = setting(
+        _url,
+        "",
+        (
+            "Fleet tests: a router or gateway run elsewhere (Kubernetes, a cloud endpoint) to measure instead of "
+            "launching one; needs every replica's --apc-metrics-url"
+        ),
+        "URL",
+    )
+    metrics_url: tuple[str, ...] = setting(
+        _url,
+        (),
+        (
+            "Fleet tests with --apc-fleet-url: one replica's base URL (pod IP, port-forward), where /metrics, "
+            "/health and /reset_prefix_cache answer; once per replica"
+        ),
+        "URL",
+        repeatable=True,
+    )
 
     @property
     def enabled(self) -> bool:
@@ -595,6 +661,7 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
         sources["connect_host"] = "derived from apc_host"
     settings = Settings(**values, sources=sources)
     _check_lengths(settings)
+    _check_fleet(settings)
     return settings
 
 
@@ -623,6 +690,31 @@ def _check_lengths(settings: Settings) -> None:
                 f"Invalid apc_max_model_len {max_len} from {settings.sources['max_model_len']}: the longest workload "
                 f"needs {longest} tokens (prefix + suffix + output) plus the chat template"
             )
+
+
+def _check_fleet(settings: Settings) -> None:
+    def invalid(name: str, why: str) -> SettingError:
+        value = getattr(settings, name)
+        return SettingError(f"Invalid {SPEC_BY_NAME[name].ini} {value!r} from {settings.sources[name]}: {why}")
+
+    if settings.num_prompts % settings.prefix_groups:
+        raise invalid("prefix_groups", f"it must divide apc_num_prompts {settings.num_prompts} (equal groups)")
+    if settings.fleet_url and len(settings.metrics_url) < 2:
+        raise invalid("fleet_url", "a fleet needs the base URL of each of its replicas (--apc-metrics-url, 2 or more)")
+    if settings.metrics_url and not settings.fleet_url:
+        raise invalid("metrics_url", "replica URLs are only read for a fleet given by --apc-fleet-url")
+    if settings.data_parallel_size == 1:
+        raise invalid("data_parallel_size", "one rank is not data parallel (0 skips it, 2 or more measures it)")
+
+
+def fleet_routes(settings: Settings) -> tuple[str, ...]:
+    """The routes the fleet tests measure: the external fleet when one is given, else every router policy,
+    and vLLM's data-parallel balancer when --apc-data-parallel-size is set."""
+    from pytest_apc.cases import DATA_PARALLEL, EXTERNAL_FLEET
+
+    if settings.fleet_url:
+        return (EXTERNAL_FLEET,)
+    return settings.router_policies + ((DATA_PARALLEL,) if settings.data_parallel_size else ())
 
 
 def setting_names() -> Sequence[str]:

@@ -9,11 +9,13 @@ and reads its identity (version, block size, KV capacity, hash algorithm) from `
 
 The kinds today, chosen by :func:`deployment_for`:
 
-* ``LaunchedServer`` (server.py): one vLLM server that pytest-apc starts from the settings;
-* ``ExternalServer`` (server.py): a server given by ``--apc-url-on`` / ``--apc-url-off``.
+* ``LaunchedServer`` (server.py): one vLLM server that pytest-apc starts from the settings (also with
+  ``--data-parallel-size``: its ranks are parts of one ``/metrics``);
+* ``ExternalServer`` (server.py): a server given by ``--apc-url-on`` / ``--apc-url-off``;
+* ``Fleet`` (fleet.py): replicas behind a router, launched (vllm-router, one policy per run) or run
+  elsewhere (``--apc-fleet-url`` and each replica's ``--apc-metrics-url``).
 
-A new kind (replicas behind a router, a data-parallel server, a fleet run by Kubernetes) implements
-the same methods and gets a branch in ``deployment_for``; the session, verdicts and report do not change.
+A new kind implements the same methods and gets a branch in ``deployment_for``.
 """
 
 from __future__ import annotations
@@ -23,17 +25,21 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
 from pytest_apc import metrics
-from pytest_apc.cases import ServerMode, ceil_div, longest_request_tokens
+from pytest_apc.cases import DATA_PARALLEL, EXTERNAL_FLEET, ServerMode, ceil_div, longest_request_tokens
 from pytest_apc.config import Settings
+from pytest_apc.fleet import Fleet, Router
 from pytest_apc.records import ServerInfo
 from pytest_apc.server import (
+    Endpoint,
     ExternalServer,
     LaunchedServer,
     Reach,
+    ServerError,
     build_command,
     gpu_memory_used_mib,
     server_env,
@@ -90,6 +96,10 @@ class Deployment(Protocol):
         """Stop whatever pytest-apc started; always safe to call."""
         ...
 
+    def route(self, route: str) -> str:
+        """Make the next run go through ``route`` (a router policy); returns the router's command line."""
+        ...
+
 
 def deployment_for(
     mode: ServerMode, settings: Settings, model: str, run_dir: Path, progress: Callable[[str], None]
@@ -102,9 +112,50 @@ def deployment_for(
         on_progress=progress,
         api_key=settings.api_key,
     )
+    if mode.fleet == EXTERNAL_FLEET:
+        replicas: list[Endpoint] = [
+            ExternalServer(mode, replace(how, log_path=run_dir / f"server-{mode.name}-r{i + 1}.log"), url)
+            for i, url in enumerate(settings.metrics_url)
+        ]
+        return Fleet(mode, replicas, url=settings.fleet_url, log_path=replicas[0].log_path, progress=progress)
     url = external_url(mode, settings)
     if url:
         return ExternalServer(mode, how, url)
+    if mode.fleet == "router":
+        gpus = replica_gpus(settings)
+        replicas = [
+            launched_server(mode, settings, model, replace(how, log_path=run_dir / f"server-{mode.name}-r{i + 1}.log"),
+                            tensor_parallel=gpus[i][1], env_extra=gpus[i][0])
+            for i in range(settings.replicas)
+        ]  # fmt: skip
+        router = Router(
+            settings.router_command,
+            settings.router_arg,
+            bind_host=settings.host,
+            connect_host=settings.connect_host,
+            log_path=run_dir / f"router-{mode.name}.log",
+            env=dict(os.environ),
+            startup_timeout=min(settings.startup_timeout, 120.0),
+            stop_timeout=settings.stop_timeout,
+        )
+        return Fleet(mode, replicas, router=router, log_path=router.log_path, progress=progress)
+    extra: tuple[str, ...] = ()
+    if mode.fleet == DATA_PARALLEL:
+        extra = ("--data-parallel-size", str(settings.data_parallel_size))
+    return launched_server(mode, settings, model, how, tensor_parallel=tensor_parallel_size(settings), extra=extra)
+
+
+def launched_server(
+    mode: ServerMode,
+    settings: Settings,
+    model: str,
+    how: Reach,
+    *,
+    tensor_parallel: int,
+    extra: tuple[str, ...] = (),
+    env_extra: dict[str, str] | None = None,
+) -> LaunchedServer:
+    """One vLLM server of ``mode`` that pytest-apc starts (alone, as a data-parallel server or a replica)."""
 
     def command(port: int) -> list[str]:
         return build_command(
@@ -115,8 +166,8 @@ def deployment_for(
             port=port,
             mode=mode,
             max_model_len=max_model_len(settings),
-            tensor_parallel_size=tensor_parallel_size(settings),
-            extra=(("--load-format", "dummy") if settings.model_shape else ()) + tuple(settings.server_arg),
+            tensor_parallel_size=tensor_parallel,
+            extra=(("--load-format", "dummy") if settings.model_shape else ()) + extra + tuple(settings.server_arg),
             launcher=settings.launcher,
             api_key=settings.api_key,
         )
@@ -127,9 +178,33 @@ def deployment_for(
         how,
         bind_host=settings.host,
         connect_host=settings.connect_host,
-        env=server_env(settings.profile or ""),
+        env={**server_env(settings.profile or ""), **(env_extra or {})},
         stop_timeout=settings.stop_timeout,
     )
+
+
+def replica_gpus(settings: Settings) -> list[tuple[dict[str, str], int]]:
+    """(environment, tensor-parallel size) of each launched replica: on a GPU node each gets its own GPUs
+    (an equal share of the visible ones, or --apc-tensor-parallel-size each); on CPU each its own cores."""
+    count = settings.replicas
+    if settings.profile == "gpu":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = [v.strip() for v in visible.split(",") if v.strip()] if visible else [
+            str(i) for i in range(len(gpu_memory_used_mib() or []))]  # fmt: skip
+        per = settings.tensor_parallel_size or max(1, len(gpus) // count)
+        if per * count > len(gpus):
+            raise ServerError(
+                f"{count} replicas x tensor parallel {per} need {per * count} GPUs, {len(gpus)} are visible "
+                "(--apc-replicas, --apc-tensor-parallel-size, CUDA_VISIBLE_DEVICES)"
+            )
+        return [({"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * per : (i + 1) * per])}, per) for i in range(count)]
+    if settings.profile == "cpu" and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        # vLLM binds every CPU server to the same cores by default: give each replica its own.
+        cores = sorted(os.sched_getaffinity(0))
+        per = max(1, len(cores) // count)
+        chunks = [cores[(i * per) % len(cores) : (i * per) % len(cores) + per] for i in range(count)]
+        return [({"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, chunk))}, 1) for chunk in chunks]
+    return [({}, tensor_parallel_size(settings)) for _ in range(count)]
 
 
 def external_url(mode: ServerMode, settings: Settings) -> str:

@@ -1,6 +1,7 @@
 """One measured run on a ready deployment: ``--apc-repeats`` cold repeats of
 
-    reset the prefix cache (APC on; verified) -> scrape /metrics -> vLLM's benchmark
+    route (a fleet: the router's policy) -> reset the prefix cache (APC on; every replica; verified)
+    -> scrape /metrics -> vLLM's benchmark
     -> wait until the server is idle -> scrape again -> keep the counter deltas
 
 and the hit prediction for the run, made from the server's block size and chat-template header.
@@ -51,6 +52,7 @@ class Measurer:
 
     def _once(self, key: RunKey, workload: Workload, deployment: Deployment, name: str) -> Repeat:
         """One cold run."""
+        router_command = deployment.route(key.route) if key.route else ""
         reset = deployment.reset_prefix_cache() if key.apc else None
         deployment.check_alive("before the run")
         before: metrics.Snapshot | None
@@ -79,10 +81,12 @@ class Measurer:
             watch=deployment.watch,
         )
         deployment.check_alive("after the benchmark")
-        delta = None
+        delta, parts = None, {}
         if before is not None:
             try:
-                delta = metrics.delta(before, deployment.wait_idle())
+                after = deployment.wait_idle()
+                delta, parts = metrics.delta(before, after), metrics.part_deltas(before, after)
             except metrics.MetricsError as err:
                 metrics_error = str(err)
-        return Repeat(outcome.result, delta, metrics_error, reset, str(outcome.result_path), outcome.command)
+        path = str(outcome.result_path)
+        return Repeat(outcome.result, delta, metrics_error, reset, path, outcome.command, parts, router_command)

@@ -3,8 +3,10 @@
 vLLM counts prefix-cache lookups in tokens: ``vllm:prefix_cache_queries_total`` (every admitted
 request's prompt) and ``vllm:prefix_cache_hits_total`` (whole blocks served from the cache). The
 counters are monotonic (``/reset_prefix_cache`` does not reset them), so a run's numbers are the
-difference of two snapshots. Every series is summed over the ``engine`` label (one per DP rank).
-Older vLLM names (``vllm:gpu_prefix_cache_*``) are used when the current ones are absent.
+difference of two snapshots. Every series is summed over the ``engine`` label (one per data-parallel
+rank); with more than one engine each rank's own series are kept too (``Snapshot.parts``), as are each
+replica's in a fleet (``merge``). Older vLLM names (``vllm:gpu_prefix_cache_*``) are used when the current
+ones are absent.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ COUNTER_NAMES: dict[str, tuple[str, ...]] = {
     "generation_tokens": ("vllm:generation_tokens_total",),
     "preemptions": ("vllm:num_preemptions_total",),
     "external_prefix_cache_hits": ("vllm:external_prefix_cache_hits_total",),
+    "requests": ("vllm:request_success_total",),  # finished requests, every finished_reason
 }
 # prompt_tokens_by_source{source=...} -> logical name.
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"
@@ -50,6 +53,9 @@ class Snapshot:
 
     samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
     cache_config: Mapping[str, str] = field(default_factory=dict)
+    # Where the counters come from when there is more than one source: "engine 0", "engine 1" (one vLLM
+    # server with data-parallel ranks) or one name per replica of a fleet (``merge``).
+    parts: Mapping[str, Snapshot] = field(default_factory=dict)
 
     def total(self, name: str, **labels: str) -> float | None:
         """Sum of every series of ``name`` whose labels include ``labels``; None when absent."""
@@ -75,6 +81,7 @@ class Snapshot:
 def parse(text: str) -> Snapshot:
     """Parse Prometheus text exposition into a :class:`Snapshot`; raises :class:`MetricsError`."""
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    by_engine: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
     cache_config: dict[str, str] = {}
     try:
         for family in text_string_to_metric_families(text):
@@ -86,11 +93,26 @@ def parse(text: str) -> Snapshot:
                 labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "engine"))
                 key = (sample.name, labels)
                 samples[key] = samples.get(key, 0.0) + float(sample.value)
+                if "engine" in sample.labels:
+                    engine = by_engine.setdefault(f"engine {sample.labels['engine']}", {})
+                    engine[key] = engine.get(key, 0.0) + float(sample.value)
     except (ValueError, TypeError, IndexError) as err:
         raise MetricsError(f"/metrics is not valid Prometheus text: {err}; first line: {text[:120]!r}") from err
     if not samples:
         raise MetricsError(f"/metrics has no samples; first line: {text[:120]!r}")
-    return Snapshot(samples, cache_config)
+    parts = {name: Snapshot(own, cache_config) for name, own in sorted(by_engine.items())} if len(by_engine) > 1 else {}
+    return Snapshot(samples, cache_config, parts)
+
+
+def merge(parts: Mapping[str, Snapshot]) -> Snapshot:
+    """One snapshot of several servers (the replicas of a fleet): every series summed, each kept as a part.
+    The cache configuration is the first part's (the fleet checks that its replicas agree)."""
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for snapshot in parts.values():
+        for key, value in snapshot.samples.items():
+            samples[key] = samples.get(key, 0.0) + value
+    first = next(iter(parts.values()), None)
+    return Snapshot(samples, first.cache_config if first else {}, dict(parts))
 
 
 @dataclass(frozen=True)
@@ -105,6 +127,7 @@ class Delta:
     external_tokens: int | None
     preemptions: int | None
     metric_names: dict[str, str]  # which exposed name each logical counter came from
+    requests: int | None = None  # finished requests (request_success_total)
 
     @property
     def hit_ratio(self) -> float | None:
@@ -155,4 +178,10 @@ def delta(before: Snapshot, after: Snapshot) -> Delta:
         external_tokens=values["external_tokens"],
         preemptions=values["preemptions"],
         metric_names=names,
+        requests=values["requests"],
     )
+
+
+def part_deltas(before: Snapshot, after: Snapshot) -> dict[str, Delta]:
+    """The deltas of every part (engine or replica) present in both snapshots; {} for a single server."""
+    return {name: delta(part, after.parts[name]) for name, part in before.parts.items() if name in after.parts}

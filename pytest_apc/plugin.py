@@ -55,8 +55,10 @@ MARKERS = (
     "apc_cases(cases, sweep=False, hash_algos=False): parametrize apc_run / apc_pair over these cases "
     "(e.g. 'CD') at the default concurrency, over --apc-sweep-concurrency (sweep), or per --apc-hash-algos",
     "hash_algo: the comparison of prefix-caching hash algorithms (--apc-hash-algos)",
+    "fleet: case R on replicas behind a router (vllm-router policies, data parallel, an external fleet); "
+    "not part of -m apc: select with -m fleet",
 )
-FAMILY_MARKERS = ("overhead", "pure", "rag", "sweep", "hash_algo")
+FAMILY_MARKERS = ("overhead", "pure", "rag", "sweep", "hash_algo", "fleet")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -163,6 +165,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             "cases are A-F, e.g. @pytest.mark.apc_cases('CD')"
         )
     levels = settings.sweep_concurrency if marker.kwargs.get("sweep") else (settings.concurrency,)
+    if marker.kwargs.get("fleet"):
+        routes = apc_config.fleet_routes(settings)
+        if not routes:
+            reason = "no route to measure: --apc-router-policies is empty and --apc-data-parallel-size is 0"
+            _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0], route="none"), "no-routes", reason)
+            return
+        ids = [RunKey(case, settings.concurrency, route=route).id for case in cases for route in routes]
+        metafunc.parametrize(fixture, ids, indirect=True, ids=ids)
+        return
     if marker.kwargs.get("sweep"):
         cases = "".join(c for c in cases if c in settings.sweep_cases) or cases
         if not any(c in settings.sweep_cases for c in marker.args[0]):
@@ -210,17 +221,23 @@ def _runs_of(item: pytest.Item) -> list[RunKey]:
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Every test that uses APC measurements is an ``apc`` test, marked or not (before -m selects)."""
+    """Every test that uses APC measurements is an ``apc`` test, marked or not (before -m selects); a
+    ``fleet`` test stays out of ``-m apc`` (it needs a router and several replicas)."""
     uses_apc = bool(_keys_of(item)) or "apc_session" in getattr(item, "fixturenames", ())
-    if uses_apc and item.get_closest_marker("apc") is None:
+    if uses_apc and not _measures(item):
         item.add_marker(pytest.mark.apc)
+
+
+def _measures(item: pytest.Item) -> bool:
+    """A test that measures: marked ``apc`` or ``fleet``."""
+    return item.get_closest_marker("apc") is not None or item.get_closest_marker("fleet") is not None
 
 
 @pytest.hookimpl(trylast=True)  # after -m / -k deselection: plan only what will run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     session = config.stash.get(SESSION_KEY, None)
     settings = config.stash.get(SETTINGS_KEY, None)
-    selected = [item.nodeid for item in items if item.get_closest_marker("apc") is not None]
+    selected = [item.nodeid for item in items if _measures(item)]
     if session is None and selected and settings is not None and settings.without_profile == "fail":
         raise pytest.UsageError(
             f"{len(selected)} APC tests are selected but no profile was given, and "
@@ -228,7 +245,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     skip = pytest.mark.skip(reason=SKIP_REASON)
     for item in items:
-        if item.get_closest_marker("apc") is None:
+        if not _measures(item):
             continue
         if session is None:
             item.add_marker(skip)
@@ -255,7 +272,7 @@ def _warn_unused_settings(
 ) -> None:
     """One ApcUnusedOptionWarning, and a session warning, per setting given explicitly that no selected
     test uses (its tests deselected, skipped or absent)."""
-    apc_items = [item for item in items if item.get_closest_marker("apc") is not None]
+    apc_items = [item for item in items if _measures(item)]
     planned = [_use_of(item) for item in apc_items if item.get_closest_marker("skip") is None]
     skipped = [_use_of(item) for item in apc_items if item.get_closest_marker("skip") is not None]
     deselected = [_use_of(item) for item in config.stash.get(DESELECTED_KEY, [])]

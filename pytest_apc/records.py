@@ -43,6 +43,9 @@ class ServerInfo:
     chat_header_tokens: int | None = None  # tokens the chat template puts before the user's text
     chat_header_error: str | None = None  # why /tokenize could not measure them
     cache_config: dict[str, str] = field(default_factory=dict)
+    # A fleet: each replica's own identity (the fields above, as a dict); the fleet's own are replica 1's
+    # where they agree (the fleet refuses replicas that do not), its URL is the router's.
+    members: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def external(self) -> bool:
@@ -60,6 +63,9 @@ class Repeat:
     reset: str | None
     result_file: str
     command: str
+    # Per replica (fleet) or data-parallel engine: name -> counter deltas; {} for one server.
+    parts: dict[str, metrics.Delta] = field(default_factory=dict)
+    router_command: str = ""  # the router that routed this repeat (a fleet behind a launched router)
 
     def require_counters(self, run_id: str, server_mode: str) -> metrics.Delta:
         """The counter deltas, or a "cannot verify" failure naming what is missing."""
@@ -198,9 +204,12 @@ class RunRecord:
                     "file": r.result_file,
                     "duration_s": r.bench["duration"],
                     "delta": r.delta.as_dict() if r.delta else None,
+                    **({"parts": {name: d.as_dict() for name, d in r.parts.items()}} if r.parts else {}),
+                    **({"router_command": r.router_command} if r.router_command else {}),
                 }
                 for r in self.repeats
             ],
+            **({"route": self.key.route, "prefix_groups": self.workload.prefix_groups} if self.key.route else {}),
             "wall_s": self.wall_s,
         }
 
@@ -265,7 +274,13 @@ class Measured:
 
 def _record_from_state(state: dict[str, Any]) -> RunRecord:
     repeats = [
-        Repeat(**{**r, "delta": metrics.Delta(**r["delta"]) if r["delta"] is not None else None})
+        Repeat(
+            **{
+                **r,
+                "delta": metrics.Delta(**r["delta"]) if r["delta"] is not None else None,
+                "parts": {name: metrics.Delta(**d) for name, d in r.get("parts", {}).items()},
+            }
+        )
         for r in state["repeats"]
     ]
     prediction = state["prediction"]

@@ -286,6 +286,10 @@ class Endpoint:
         self.http.close()
         self.http = self._session()
 
+    def route(self, route: str) -> str:
+        """One server routes nothing itself (a data-parallel server balances its ranks internally)."""
+        return ""
+
     # -- readiness ------------------------------------------------------------------------------------------
 
     @property

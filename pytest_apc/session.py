@@ -108,7 +108,11 @@ class ApcSession:
 
     def _start(self, mode: ServerMode, keys: list[RunKey]) -> Deployment | None:
         """A ready deployment for ``mode``, or None with every run of it failed (naming why)."""
-        deployment = deployment_for(mode, self.settings, self.model(), self.run_dir, self.progress)
+        try:
+            deployment = deployment_for(mode, self.settings, self.model(), self.run_dir, self.progress)
+        except ServerError as err:
+            self._fail_runs(keys, f"the {mode.name} deployment cannot be made: {err}")
+            return None
         if deployment.launched:
             self.measured.launches[mode.name] = self.measured.launches.get(mode.name, 0) + 1
             self.progress(f"{mode.name}: launching ({len(keys)} runs planned)")

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_apc import locality
 from pytest_apc.cases import Prediction, RunKey
 from pytest_apc.config import Settings
 from pytest_apc.metrics import Delta
@@ -427,3 +428,84 @@ def diagnose_short_hits(run: RunRecord, d: Delta | None) -> str:
             "prefixes (dataset, seed, tokenizer) and that the server's tokenizer matches the client's"
         )
     return "; ".join(causes)
+
+
+def fleet_accounting(run: RunRecord) -> Verdict:
+    """A fleet run's books balance replica by replica: every request reached exactly one replica (none
+    dropped, none retried), every prompt token was looked up, and each replica's hits are whole cold
+    prefills: (k - c) x P + (c - 1) x Q for its k requests and c groups first seen there."""
+    lines: list[str] = []
+    problems: list[str] = []
+    per_repeat: list[dict[str, Any]] = []
+    failed: list[bool] = []
+    for repeat in run.repeats:
+        known = len(problems)
+        found = locality.of_repeat(run, repeat)
+        p = found.prediction
+        tokens = int(repeat.bench["total_input_tokens"])
+        queries = sum(r.queries for r in found.replicas)
+        if found.requests != found.num_prompts:
+            problems.append(
+                f"the replicas finished {found.requests} requests for the benchmark's {found.num_prompts}: the "
+                f"router {'retried or duplicated' if found.requests > found.num_prompts else 'dropped'} requests"
+            )
+        if queries != tokens:
+            problems.append(f"the replicas looked up {queries:,} prompt tokens, the benchmark sent {tokens:,}")
+        for r in found.replicas:
+            if r.cold_prefills is None:
+                problems.append(
+                    f"{r.name}: the shared prefix ({p.shared_prefix_tokens} tokens with the template) spans no block "
+                    f"of {p.block_size} beyond the template header, so cold prefills cannot be told from hits"
+                )
+            elif abs(r.unexplained) > found.tolerance(r.requests):
+                problems.append(
+                    f"{r.name}: hits {r.hits:,} are no whole number of cold prefills: {r.requests} requests with "
+                    f"{r.cold_prefills} cold would hit {p.replica_hits(r.requests, r.cold_prefills):,} "
+                    f"(off by {r.unexplained:+,}, allowed ±{found.tolerance(r.requests):,}); "
+                    "diagnosis: a cache that was not cold, evictions, or prompts other than the prediction's"
+                )
+        lines.append(
+            f"{run.key.id}: "
+            + "; ".join(
+                f"{r.name} {r.requests} requests, {r.hits:,} hits = {r.cold_prefills} cold prefill(s)"
+                + (f" {r.unexplained:+,}" if r.unexplained else "")
+                for r in found.replicas
+            )
+            + f" (P = {p.group_tokens:,} tokens per group hit, Q = {p.header_block_tokens} header tokens)"
+        )
+        per_repeat.append(found.as_dict())
+        failed.append(len(problems) > known)
+    message = "\n".join(lines + [f"- {problem}" for problem in dict.fromkeys(problems)])
+    return Verdict("fleet_accounting", [run.key.id], not problems, message, _repeat_numbers(per_repeat, failed))
+
+
+def prefix_locality(run: RunRecord) -> Verdict:
+    """Cold prefills C against the ideal G (one per prefix group) and against what the route promises;
+    the routing cost as extra prefill tokens and as a share of what APC saves on one replica. Fails when
+    the route broke its promise (round_robin: even spread; consistent_hash with one key: one replica)."""
+    lines: list[str] = []
+    problems: list[str] = []
+    per_repeat: list[dict[str, Any]] = []
+    failed: list[bool] = []
+    route = run.key.route
+    for repeat in run.repeats:
+        known = len(problems)
+        found = locality.of_repeat(run, repeat)
+        problems += locality.promise_problems(found)
+        cost = found.routing_cost
+        lines.append(
+            f"{run.key.id}: {found.cold_prefills} cold prefills for {found.ideal} prefix group(s) across "
+            f"{len(found.replicas)} replicas (ideal {found.ideal}); hits {found.hits:,} of the "
+            f"{found.prediction.expected_hits:,} one replica per group would serve"
+            + (
+                f"; routing cost {found.extra_prefill_tokens:,} extra prefill tokens = {cost:.1%} of what APC saves"
+                if cost is not None
+                else ""
+            )
+        )
+        per_repeat.append(found.as_dict())
+        failed.append(len(problems) > known)
+    promise = locality.PROMISES.get(route) or locality.NO_PROMISE.get(route, "no fixed outcome")
+    lines.append(f"{route}: {promise}")
+    message = "\n".join(lines + [f"- {problem}" for problem in dict.fromkeys(problems)])
+    return Verdict("prefix_locality", [run.key.id], not problems, message, _repeat_numbers(per_repeat, failed))

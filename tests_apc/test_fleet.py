@@ -1,0 +1,25 @@
+"""Case R: prefix groups sent through a router to several replicas, where routing decides APC's payoff.
+
+A request can only hit the prefix blocks of the replica it lands on. One run per route (each
+--apc-router-policies policy on the same replicas behind vllm-router, vLLM's data-parallel balancer with
+--apc-data-parallel-size, or an external fleet with --apc-fleet-url), every replica's cache reset before
+it, every replica's counters read around it. Not part of ``-m apc``: select with ``-m fleet``.
+"""
+
+import pytest
+
+from pytest_apc import verdict
+
+pytestmark = [pytest.mark.fleet]
+
+
+@pytest.mark.apc_cases("R", fleet=True)
+def test_fleet_accounting(apc_run, apc_assert):
+    """Each request reached one replica once, and each replica's hits are whole cold prefills."""
+    apc_assert(verdict.fleet_accounting(apc_run))
+
+
+@pytest.mark.apc_cases("R", fleet=True)
+def test_prefix_locality(apc_run, apc_assert):
+    """Cold prefills against one per prefix group and against the route's promise; the routing cost."""
+    apc_assert(verdict.prefix_locality(apc_run))
