@@ -325,9 +325,9 @@ class Settings:
         _str,
         "",
         (
-            "API key: passed as --api-key to launched servers and as a bearer token to every request; redacted "
-            "from logs, reports and the results file. Prefer PYTEST_APC_API_KEY: a command-line value is visible "
-            "to other users in ps"
+            "API key: given to launched servers as VLLM_API_KEY in their environment (not on their command line) "
+            "and sent as a bearer token with every request; redacted from logs, reports and the results file. "
+            "Prefer PYTEST_APC_API_KEY: a command-line value is visible to other users in ps"
         ),
         "KEY",
     )

@@ -169,7 +169,6 @@ def launched_server(
             tensor_parallel_size=tensor_parallel,
             extra=(("--load-format", "dummy") if settings.model_shape else ()) + extra + tuple(settings.server_arg),
             launcher=settings.launcher,
-            api_key=settings.api_key,
         )
 
     return LaunchedServer(
@@ -178,7 +177,7 @@ def launched_server(
         how,
         bind_host=settings.host,
         connect_host=settings.connect_host,
-        env={**server_env(settings.profile or ""), **(env_extra or {})},
+        env={**server_env(settings.profile or "", settings.api_key), **(env_extra or {})},
         stop_timeout=settings.stop_timeout,
     )
 

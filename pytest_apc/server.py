@@ -170,7 +170,6 @@ def build_command(
     tensor_parallel_size: int,
     extra: Sequence[str],
     launcher: Sequence[str] = (),
-    api_key: str = "",
 ) -> list[str]:
     """The server command line: launcher, server, the plugin's flags, the user's ``--apc-server-arg`` last."""
     argv = [part.replace("{python}", sys.executable) for part in (*launcher, *base)]
@@ -181,8 +180,6 @@ def build_command(
     argv += ["--enable-prefix-caching" if mode.apc else "--no-enable-prefix-caching"]
     if mode.hash_algo:
         argv += ["--prefix-caching-hash-algo", mode.hash_algo]
-    if api_key:
-        argv += ["--api-key", api_key]
     return argv + list(extra)
 
 
@@ -665,10 +662,13 @@ def wait_gpu_memory_released(baseline: list[int] | None, timeout: float = 120.0,
     return round(time.monotonic() - started, 3)
 
 
-def server_env(profile: str) -> dict[str, str]:
-    """Environment of a launched server: dev mode for the reset endpoint, offline, CPU KV space."""
+def server_env(profile: str, api_key: str = "") -> dict[str, str]:
+    """Environment of a launched server: dev mode for the reset endpoint, offline, CPU KV space, and the
+    API key (in the environment, where ``ps`` does not show it, rather than as ``--api-key``)."""
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"  # registers /reset_prefix_cache
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
     if profile == "cpu":
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
