@@ -139,10 +139,13 @@ def deployment_for(
             stop_timeout=settings.stop_timeout,
         )
         return Fleet(mode, replicas, router=router, log_path=router.log_path, progress=progress)
-    extra: tuple[str, ...] = ()
     if mode.fleet == DATA_PARALLEL:
-        extra = ("--data-parallel-size", str(settings.data_parallel_size))
-    return launched_server(mode, settings, model, how, tensor_parallel=tensor_parallel_size(settings), extra=extra)
+        # Each rank gets its share of the GPUs: D ranks x TP = the visible GPUs (or --apc-tensor-parallel-size).
+        ranks = settings.data_parallel_size
+        tp = settings.tensor_parallel_size or max(1, tensor_parallel_size(settings) // ranks)
+        extra = ("--data-parallel-size", str(ranks))
+        return launched_server(mode, settings, model, how, tensor_parallel=tp, extra=extra)
+    return launched_server(mode, settings, model, how, tensor_parallel=tensor_parallel_size(settings))
 
 
 def launched_server(
@@ -207,8 +210,9 @@ def replica_gpus(settings: Settings) -> list[tuple[dict[str, str], int]]:
 
 
 def external_url(mode: ServerMode, settings: Settings) -> str:
-    """The URL of a server run elsewhere for this mode, or "" to launch one (hash-algorithm servers always are)."""
-    if mode.hash_algo:
+    """The URL of a server run elsewhere for this mode, or "" to launch one (hash-algorithm servers and
+    fleets always are; an external fleet is --apc-fleet-url)."""
+    if mode.hash_algo or mode.fleet:
         return ""
     return settings.url_on if mode.apc else settings.url_off
 

@@ -229,13 +229,13 @@ class Fleet:
             )
 
     def route(self, route: str) -> str:
-        """Send the next run through ``route``: (re)start the launched router with that policy. Returns the
-        router's command line ("" for an external fleet)."""
+        """Send the next repeat through ``route``: a fresh launched router with that policy, so that what a
+        policy learned (cache_aware's prefix tree) is as cold as the reset caches. Returns the router's
+        command line ("" for an external fleet)."""
         if self.router is None:
             return ""
-        if not (self.router.alive() and self.router.policy == route):
-            self.router.start(route, [r.url for r in self.replicas])
-            self._progress(f"{self.mode.name}: vllm-router routing with {route}")
+        self.router.start(route, [r.url for r in self.replicas])
+        self._progress(f"{self.mode.name}: vllm-router started with --policy {route}")
         return self.router.command_line
 
     def stop(self) -> None:

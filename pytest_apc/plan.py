@@ -29,6 +29,13 @@ class Plan:
         return sorted({k.mode for k in self.keys})
 
 
+# Settings only the fleet case reads.
+FLEET_SETTINGS = (
+    "replicas", "router_policies", "router_command", "router_arg", "data_parallel_size", "prefix_groups", "fleet_url",
+    "metrics_url",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class TestUse:
     """What one collected test would measure: its runs, whether it is a sweep test, and its markers."""
@@ -74,11 +81,13 @@ def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, C
         ("pure_gain_concurrency", lambda use: any(k.case == "D" and (not pure_gain or k.concurrency <= pure_gain)
                                                   and not k.hash_algo for k in use.keys),
          f"no selected test judges the C/D pair at concurrency {pure_gain} or below; {pure_levels}"),
-        ("prefix_len", family("pure"), "no selected test runs C/D, the only cases with this length"),
-        ("suffix_len", family("pure"), "no selected test runs C/D, the only cases with this length"),
+        ("prefix_len", family("pure", "fleet"), "no selected test runs C/D or R, the only cases with this length"),
+        ("suffix_len", family("pure", "fleet"), "no selected test runs C/D or R, the only cases with this length"),
         ("rag_prefix_len", family("rag"), "no selected test runs E/F, the only cases with this length"),
         ("input_len", family("overhead", "rag"), "no selected test runs A/B or E/F, the cases with this length"),
-        ("url_on", lambda use: any(k.apc for k in use.keys), "no selected test measures on an APC-on server"),
+        *((name, family("fleet"), "no selected test measures a fleet (case R, -m fleet)") for name in FLEET_SETTINGS),
+        ("url_on", lambda use: any(k.apc and not k.route for k in use.keys),
+         "no selected test measures on an APC-on server"),
         ("url_off", lambda use: any(not k.apc for k in use.keys), "no selected test measures on the APC-off server"),
     ]  # fmt: skip
 
