@@ -99,3 +99,19 @@ def test_h200_c8_cached_tokens_quoted_in_prose() -> None:
     page, data = _h200()
     (c8,) = [p for p in data["pairs"] if p["pair"] == "C/D" and p["concurrency"] == 8]
     assert f"**{c8['cached_tokens']:,}**" in page
+
+
+def test_h200_figures_quoted_on_other_pages_are_the_plugins() -> None:
+    """Pages outside docs/results quote the H200 run's E/F and A/B figures: they must be what the plugin
+    measured (its results file), not numbers from another tool or an older run."""
+    _, data = _h200()
+    runs = {r["id"]: r for r in data["runs"]}
+    e, f = runs["E-c8"], runs["F-c8"]
+    durations = f"E {e['bench_duration_s']:.1f} s, F {f['bench_duration_s']:.1f} s"
+    assert durations in (DOCS / "quickstart.md").read_text()
+    results_page = (DOCS / "results.md").read_text()
+    assert f"median TTFT of {e['median_ttft_ms']:,.0f} ms OFF and {f['median_ttft_ms']:,.0f} ms ON" in results_page
+    assert f"took\n  {e['bench_duration_s']:.1f} s OFF and {f['bench_duration_s']:.1f} s ON" in results_page
+    (ab,) = [p for p in data["pairs"] if p["pair"] == "A/B" and p["hash_algo"] is None]
+    gain = f"gain {ab['ttft_speedup']:.2f}x [{ab['ttft_speedup_low']:.2f}, {ab['ttft_speedup_high']:.2f}]"
+    assert gain in (DOCS / "matrix.md").read_text()
