@@ -70,8 +70,8 @@ def parser() -> argparse.ArgumentParser:
         "report",
         "print the validation table of a results file",
         "Print the validation table of a results file as the run printed it: server lines, the pair rows, "
-        "the hash-algorithm rows, runs not measured, warnings, and the rows the baseline gate compared. "
-        "The numbers are the file's (pairs[], hash_algos[], gate); nothing is recomputed.",
+        "the hash-algorithm rows, the fleet rows, runs not measured, warnings, and the rows the baseline gate "
+        "compared. The numbers are the file's (pairs[], hash_algos[], fleet[], gate); nothing is recomputed.",
     )
     report.add_argument("results", metavar="RESULTS", type=Path, help="a results.json written by pytest-apc")
     report.add_argument("--markdown", action="store_true", help="print summary.md (GitHub Markdown) instead")
@@ -82,7 +82,8 @@ def parser() -> argparse.ArgumentParser:
         "Compare RESULTS with BASELINE by the rules of --apc-baseline: refused when they were measured under "
         "other conditions (profile, model name, workload settings, seed, APC-on block size) or share no "
         "row; fails when a row's median TTFT ON, TTFT gain or cached tokens regressed beyond the "
-        "tolerance. Prints every compared row (baseline -> now (limit)).",
+        "tolerance. Prints every compared row (baseline -> now (limit)). Fleet runs (case R) have no OFF "
+        "partner and are not compared.",
     )
     compare.add_argument("baseline", metavar="BASELINE", type=Path, help="the results.json to compare with")
     compare.add_argument("results", metavar="RESULTS", type=Path, help="the results.json to judge")

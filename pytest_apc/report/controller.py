@@ -24,6 +24,18 @@ VERDICTS_PROPERTY = "apc_verdicts"  # the call report: [Verdict.to_json(), ...]
 RUNS_PROPERTY = "apc_runs"  # a failed report of any phase: the ids of the runs the test is about
 
 
+def report_blocks(data: ReportData, gate: Gate) -> dict[str, Any]:
+    """What the report adds to results.json, in the file's order: the verdicts, then the rows of each table
+    (``pairs``, ``hash_algos``, ``fleet``) and the baseline gate."""
+    return {
+        "verdicts": data.verdicts,
+        "pairs": data.pair_numbers(),
+        "hash_algos": data.algo_numbers(),
+        "fleet": data.fleet_numbers(),
+        "gate": gate.to_json(),
+    }
+
+
 class ControllerReporter:
     """Registered on the controller only (or the single process). Gathers verdicts from every report,
     which is how results cross from xdist workers; gates the exit code; writes every file once."""
@@ -79,13 +91,12 @@ class ControllerReporter:
                 handle.write(text)
         apc.json_path.parent.mkdir(parents=True, exist_ok=True)
         written = plots(data, apc.json_path.parent)
+        blocks = report_blocks(data, self.gate)
         apc.write_json(
             extra={
-                "verdicts": data.verdicts,
+                "verdicts": blocks.pop("verdicts"),
                 "environment": environment(apc),
-                "pairs": data.pair_numbers(),
-                "hash_algos": data.algo_numbers(),
-                "gate": self.gate.to_json(),
+                **blocks,
                 "files": {"json": str(apc.json_path), "markdown": str(md_path), "plots": written},
             }
         )

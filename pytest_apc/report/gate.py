@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_apc.config import default_for, model_path_for_display
 from pytest_apc.report.rows import ReportData
 from pytest_apc.report.terminal import _num
+from pytest_apc.report.view import fleet_run_ids
 
 if TYPE_CHECKING:
     from pytest_apc.session import ApcSession
@@ -220,14 +221,16 @@ def compare_documents(
     ``baseline``, which the messages name). Refused (a failure) when the baseline has no pairs, ``new`` has
     none, they were measured under other conditions, or they share no row; a row of ``new`` the baseline
     lacks, while others overlap, is a warning (``Gate.warnings``). Rows of hash-algorithm servers (kept
-    among the pairs by schema_version 1) are not gated."""
+    among the pairs by schema_version 1) and fleet runs (no OFF partner) are not gated; a refusal for want of
+    pairs names the fleet runs a document has instead."""
     gate = Gate(baseline=baseline)
     if not old.get("pairs"):
-        gate.failures.append(f"baseline {baseline} has no measured pairs to compare with (an incomplete run?)")
+        why = _not_gated(old, "its") or " (an incomplete run?)"
+        gate.failures.append(f"baseline {baseline} has no measured pairs to compare with{why}")
         return gate
     rows = [r for r in new.get("pairs") or [] if not r.get("hash_algo")]
     if not rows:
-        gate.failures.append(f"nothing was measured to compare with baseline {baseline}")
+        gate.failures.append(f"nothing was measured to compare with baseline {baseline}{_not_gated(new, 'the')}")
         return gate
     gate.not_comparable = differences(new, old)
     if gate.not_comparable:
@@ -249,6 +252,14 @@ def compare_documents(
     return gate
 
 
+def _not_gated(doc: Mapping[str, Any], whose: str) -> str:
+    """``: the fleet runs (R-c8-round_robin) are not gated ...`` for a document with fleet runs; else ""."""
+    ids = [str(row.get("id")) for row in doc.get("fleet") or [] if isinstance(row, dict)] or fleet_run_ids(doc)
+    if not ids:
+        return ""
+    return f": {whose} fleet runs ({', '.join(ids)}) are not gated (the gate compares OFF/ON pair rows only)"
+
+
 def session_document(apc: ApcSession, data: ReportData) -> dict[str, Any]:
     """What the gate reads of this session, as its results.json will hold it."""
     return {
@@ -257,6 +268,7 @@ def session_document(apc: ApcSession, data: ReportData) -> dict[str, Any]:
         "settings": apc.settings.as_dict(),
         "servers": [dict(info.__dict__) for info in apc.measured.servers.values()],
         "pairs": data.pair_numbers(),
+        "fleet": data.fleet_numbers(),
     }
 
 

@@ -1,4 +1,5 @@
-"""``summary.md``: the validation tables in GitHub Markdown, the cases' purpose and the failures.
+"""``summary.md``: the validation, hash-algorithm and fleet tables in GitHub Markdown, the cases' purpose
+and the failures.
 
 It renders a :class:`ReportView`, so ``python -m pytest_apc report --markdown`` writes the same summary
 from a results file."""
@@ -10,7 +11,7 @@ from typing import Any
 from tabulate import tabulate
 
 from pytest_apc.cases import CASE_PURPOSE
-from pytest_apc.report.terminal import _num, first_line, server_lines
+from pytest_apc.report.terminal import _num, first_line, fleet_lead, fleet_requests, fleet_verdict, server_lines
 from pytest_apc.report.view import ReportView
 
 # (key of a pair row, column header), in the order of ReportData.pair_numbers()
@@ -32,6 +33,17 @@ ALGO_COLUMNS = (
     ("duration_default_s", "duration default s"), ("duration_s", "duration s"), ("verdict", "verdict"),
 )  # fmt: skip
 
+# (key of a fleet row, column header), in the order of ReportData.fleet_numbers()
+FLEET_COLUMNS = (
+    ("route", "route"), ("concurrency", "conc"), ("replicas", "replicas"),
+    ("requests_per_replica", "requests per replica"), ("cold_prefills", "cold prefills"),
+    ("ideal_cold_prefills", "ideal"), ("hits", "hits"), ("ideal_hits", "ideal hits"),
+    ("extra_prefill_tokens", "extra prefill tokens"), ("routing_cost", "routing cost"),
+    ("median_ttft_ms", "TTFT ms"), ("median_ttft_low_ms", "TTFT CI low"), ("median_ttft_high_ms", "TTFT CI high"),
+    ("p99_ttft_ms", "p99 TTFT ms"), ("output_throughput", "out tok/s"), ("request_throughput", "req/s"),
+    ("passed", "verdict"),
+)  # fmt: skip
+
 
 def markdown(view: ReportView) -> str:
     lines = ["# APC validation", "", f"Model `{view.model}`, profile `{view.profile}`.", ""]
@@ -48,6 +60,14 @@ def markdown(view: ReportView) -> str:
         headers = [h for _, h in ALGO_COLUMNS]
         lines += ["", "Hash algorithms against the default (equal cached tokens; TTFT ratio algorithm/default):"]
         lines += ["", tabulate(algos, headers=headers, tablefmt="github", disable_numparse=True), ""]
+    fleet = [[_fleet_cell(k, n) for k, _ in FLEET_COLUMNS] for n in view.fleet]
+    if fleet:
+        headers = [h for _, h in FLEET_COLUMNS]
+        lines += ["", f"{fleet_lead(view.fleet)}:"]
+        lines += ["", tabulate(fleet, headers=headers, tablefmt="github", disable_numparse=True), ""]
+        lines += [f"- FLEET {n.get('id')}: {first_line(n['error'])}" for n in view.fleet if n.get("error")]
+    if view.fleet_without_rows:
+        lines += ["", f"Fleet runs {', '.join(view.fleet_without_rows)}: no fleet table in this file.", ""]
     lines += [f"- {case}: {CASE_PURPOSE.get(case, '')}" for case in view.cases()] + [""]
     failed = [v for v in view.verdicts if not v["passed"]]
     lines.append(f"Verdicts: {len(view.verdicts) - len(failed)} passed, {len(failed)} failed.")
@@ -59,3 +79,13 @@ def markdown(view: ReportView) -> str:
 
 def _md_cell(name: str, value: Any) -> str:
     return _num(value, ".1%") if name == "hit_ratio" and value is not None else _num(value)
+
+
+def _fleet_cell(name: str, row: dict[str, Any]) -> str:
+    if name == "requests_per_replica":
+        return fleet_requests(row)
+    if name == "passed":
+        return fleet_verdict(row)
+    if name == "routing_cost":
+        return _num(row.get(name), ".1%")
+    return _num(row.get(name))

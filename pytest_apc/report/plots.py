@@ -1,15 +1,18 @@
 """PNG plots next to the results file: median TTFT per pair over concurrency, cached tokens measured vs
-predicted. Only when matplotlib (extra ``plot``) is installed."""
+predicted, and for fleet runs the median TTFT and cold prefills per route. Only when matplotlib (extra
+``plot``) is installed."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 from pytest_apc.report.rows import ReportData
 
 
 def plots(data: ReportData, folder: Path) -> list[str]:
-    """The plots written into ``folder`` (none without matplotlib or pair rows)."""
+    """The plots written into ``folder`` (none without matplotlib, or without pair and fleet rows)."""
     try:
         import matplotlib
 
@@ -17,9 +20,17 @@ def plots(data: ReportData, folder: Path) -> list[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
+    written = []
     rows = data.pair_numbers()
-    if not rows:
-        return []
+    if rows:
+        written += _pair_plots(plt, rows, folder)
+    fleet = data.fleet_numbers()
+    if fleet:
+        written.append(_fleet_plot(plt, fleet, folder))
+    return written
+
+
+def _pair_plots(plt: Any, rows: list[dict[str, Any]], folder: Path) -> list[str]:
     written = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for pair in sorted({r["pair"] for r in rows}):
@@ -51,3 +62,43 @@ def plots(data: ReportData, folder: Path) -> list[str]:
     plt.close(fig)
     written.append(str(path))
     return written
+
+
+def _value(row: dict[str, Any], key: str) -> float:
+    """A row's number, NaN where it is null (matplotlib draws nothing there)."""
+    value = row.get(key)
+    return float("nan") if value is None else float(value)
+
+
+def _gap(high: float, low: float) -> float:
+    gap = high - low
+    return 0.0 if math.isnan(gap) else gap
+
+
+def _fleet_plot(plt: Any, rows: list[dict[str, Any]], folder: Path) -> str:
+    """fleet.png: median TTFT per route with its bootstrap interval, and cold prefills against the ideal (one
+    per prefix group). A run whose cold prefills could not be told has no bar."""
+    several = len({r["concurrency"] for r in rows}) > 1
+    labels = [f"{r['route']} c{r['concurrency']}" if several else str(r["route"]) for r in rows]
+    xs = list(range(len(rows)))
+    fig, (ttft, cold) = plt.subplots(1, 2, figsize=(10, 4.5))
+    medians = [_value(r, "median_ttft_ms") for r in rows]
+    # Error bars: the distance to each end of the interval (none where the run has no per-request samples).
+    below = [_gap(m, _value(r, "median_ttft_low_ms")) for m, r in zip(medians, rows, strict=True)]
+    above = [_gap(_value(r, "median_ttft_high_ms"), m) for m, r in zip(medians, rows, strict=True)]
+    ttft.bar(xs, medians, 0.6, yerr=[below, above], capsize=4)
+    ttft.set_xticks(xs, labels, rotation=30, fontsize=8)
+    ttft.set(ylabel="median TTFT (ms)", title="Median TTFT per route (bootstrap CI)")
+    cold.bar(
+        [x - 0.2 for x in xs], [_value(r, "ideal_cold_prefills") for r in rows], 0.4, label="ideal (one per group)"
+    )
+    cold.bar([x + 0.2 for x in xs], [_value(r, "cold_prefills") for r in rows], 0.4, label="measured")
+    cold.set_xticks(xs, labels, rotation=30, fontsize=8)
+    cold.yaxis.get_major_locator().set_params(integer=True)
+    cold.set(ylabel="cold prefills", title="Cold prefills per route vs ideal")
+    cold.legend(fontsize=8)
+    path = folder / "fleet.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(path)

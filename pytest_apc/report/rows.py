@@ -1,4 +1,5 @@
-"""The rows of the validation tables, computed once per session after the tests ran.
+"""The rows of the validation tables, computed once per session after the tests ran: OFF/ON pairs,
+hash algorithms against the default, and fleet runs (case R, one row per route; no OFF partner).
 
 Every output (terminal table, Markdown, plots, baseline gate, results.json) reads the same
 :class:`ReportData`, so the bootstrap behind each row runs once.
@@ -10,10 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_apc import locality
 from pytest_apc.cases import PAIRS, RunKey
 from pytest_apc.config import Settings
-from pytest_apc.records import RunRecord
-from pytest_apc.stats import Interval, ratio_of_medians
+from pytest_apc.records import MeasurementError, RunRecord
+from pytest_apc.stats import Interval, median_interval, ratio_of_medians
 from pytest_apc.verdict import Pair
 
 
@@ -98,6 +100,64 @@ class AlgoRow:
         return cls(default, run, verdict, numbers)
 
 
+# The verdicts that judge a fleet run (tests_apc/test_fleet.py): its row's ``passed``.
+FLEET_VERDICTS = ("fleet_accounting", "prefix_locality")
+
+
+@dataclass(frozen=True)
+class FleetRow:
+    """One fleet run (case R on one route): where its requests landed, its cold prefills against one per
+    prefix group, the routing cost, and its latency and throughput. Its locality is the first repeat's."""
+
+    run: RunRecord
+    numbers: dict[str, Any]
+
+    @classmethod
+    def build(cls, run: RunRecord, outcomes: Outcomes, settings: Settings) -> FleetRow:
+        first = run.repeats[0]
+        found: locality.Locality | None = None
+        error: str | None = None
+        try:
+            found = locality.of_repeat(run, first)
+        except MeasurementError as err:
+            error = str(err)
+        try:
+            ttft: Interval | None = median_interval(
+                run.samples_ms("ttfts"), samples=settings.bootstrap_samples, confidence=settings.confidence
+            )
+        except ValueError:  # no per-request samples: the median the benchmark printed, no interval
+            ttft = None
+        replicas = len(found.replicas) if found else (len(first.parts) or len(run.server.members) or None)
+        numbers: dict[str, Any] = {
+            "id": run.key.id, "route": run.key.route, "concurrency": run.key.concurrency, "replicas": replicas,
+            "prefix_groups": run.workload.prefix_groups,
+            "requests_per_replica": [r.requests for r in found.replicas] if found else None,
+            "cold_prefills": found.cold_prefills if found else None,
+            "ideal_cold_prefills": found.ideal if found else None,
+            "hits": found.hits if found else None,
+            "ideal_hits": found.prediction.expected_hits if found else None,
+            "extra_prefill_tokens": found.extra_prefill_tokens if found else None,
+            "routing_cost": found.routing_cost if found else None,
+            "median_ttft_ms": ttft.estimate if ttft else run.median_ms("ttfts"),
+            "median_ttft_low_ms": ttft and ttft.low, "median_ttft_high_ms": ttft and ttft.high,
+            "p99_ttft_ms": run.to_json()["p99_ttft_ms"],
+            "output_throughput": run.per_second("total_output_tokens"),
+            "request_throughput": run.per_second("completed"),
+            "passed": _fleet_passed(outcomes, run.key.id),
+            "error": error,
+        }  # fmt: skip
+        return cls(run, numbers)
+
+
+def _fleet_passed(outcomes: Outcomes, run_id: str) -> bool | None:
+    """Whether the fleet verdicts on this run passed; False too when a test of the run failed before it
+    recorded one (e.g. counters missing); None when nothing judged it."""
+    results = [bool(v["passed"]) for v in outcomes.verdicts if v["name"] in FLEET_VERDICTS and run_id in v["runs"]]
+    if run_id in outcomes.failed_runs:
+        results.append(False)
+    return None if not results else all(results)
+
+
 def _row_verdict(outcomes: Outcomes, runs: set[str], about: str | None = None) -> str:
     """PASS/FAIL from the verdicts about these runs only (every run they name among ``runs``), or about one
     run (every verdict naming ``about``); FAIL when one of ``runs`` failed before any verdict; "-" when
@@ -139,6 +199,12 @@ def algo_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes, settings:
     return rows
 
 
+def fleet_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes, settings: Settings) -> list[FleetRow]:
+    """Every fleet run (a route is set), by concurrency and route. Never a pair: case R has no OFF run."""
+    keys = sorted((k for k in records if k.route), key=lambda k: (k.concurrency, k.route))
+    return [FleetRow.build(records[key], outcomes, settings) for key in keys]
+
+
 @dataclass(frozen=True)
 class ReportData:
     """Everything the report shows about this session's runs, computed once."""
@@ -146,11 +212,15 @@ class ReportData:
     pairs: list[PairRow]
     algos: list[AlgoRow]
     verdicts: list[dict[str, Any]]
+    fleet: list[FleetRow] = field(default_factory=list)
 
     @classmethod
     def build(cls, records: Mapping[RunKey, RunRecord], outcomes: Outcomes, settings: Settings) -> ReportData:
         return cls(
-            pair_rows(records, outcomes, settings), algo_rows(records, outcomes, settings), list(outcomes.verdicts)
+            pair_rows(records, outcomes, settings),
+            algo_rows(records, outcomes, settings),
+            list(outcomes.verdicts),
+            fleet_rows(records, outcomes, settings),
         )
 
     def pair_numbers(self) -> list[dict[str, Any]]:
@@ -158,3 +228,6 @@ class ReportData:
 
     def algo_numbers(self) -> list[dict[str, Any]]:
         return [row.numbers for row in self.algos]
+
+    def fleet_numbers(self) -> list[dict[str, Any]]:
+        return [row.numbers for row in self.fleet]

@@ -1,5 +1,5 @@
-"""What pytest prints: the header lines, progress lines, the validation and hash-algorithm tables, the
-server lines and the terminal summary; and the number formatters every output shares.
+"""What pytest prints: the header lines, progress lines, the validation, hash-algorithm and fleet tables,
+the server lines and the terminal summary; and the number formatters every output shares.
 
 The tables and the summary render a :class:`ReportView` (row dicts, as results.json stores them), so
 ``python -m pytest_apc report`` prints a results file through the same functions."""
@@ -137,6 +137,76 @@ def algo_table(rows: list[dict[str, Any]]) -> str:
     return tabulate(body, headers=headers, disable_numparse=True)
 
 
+def fleet_verdict(row: Mapping[str, Any]) -> str:
+    """PASS / FAIL / - of a fleet row's ``passed`` (true / false / null)."""
+    passed = row.get("passed")
+    return "-" if passed is None else ("PASS" if passed else "FAIL")
+
+
+def fleet_requests(row: Mapping[str, Any]) -> str:
+    """Requests per replica, in replica order: ``15+15``."""
+    counts = row.get("requests_per_replica")
+    return "+".join(_num(c) for c in counts) if counts else "-"
+
+
+def fleet_ttft(row: Mapping[str, Any]) -> str:
+    """Median TTFT with its bootstrap interval: ``195 [150..240]`` (``..``: the numbers have thousands commas)."""
+    text = _num(row.get("median_ttft_ms"))
+    if row.get("median_ttft_low_ms") is not None:
+        text += f" [{_num(row.get('median_ttft_low_ms'))}..{_num(row.get('median_ttft_high_ms'))}]"
+    return text
+
+
+def fleet_lead(rows: list[dict[str, Any]]) -> str:
+    """The line above the fleet table: the concurrency and prefix groups of its runs, and what it compares."""
+    levels = "/".join(str(c) for c in sorted({int(n["concurrency"]) for n in rows}))
+    groups = sorted({int(n["prefix_groups"]) for n in rows})
+    counted = f"{'/'.join(map(str, groups))} prefix group{'' if groups == [1] else 's'}"
+    return (
+        f"fleet (case R, c{levels}, {counted}): cold prefills vs ideal (one per group); "
+        "cost = extra prefill / APC's saving"
+    )
+
+
+def fleet_table(rows: list[dict[str, Any]]) -> str:
+    """One row per fleet run (``ReportData.fleet_numbers()``, results.json's ``fleet``): where the requests
+    landed, cold prefills and hits against the ideal, the routing cost, TTFT and output throughput. The
+    concurrency is in :func:`fleet_lead` (and in a row's route where the runs have several)."""
+    several = len({n.get("concurrency") for n in rows}) > 1
+    body = []
+    for n in rows:
+        body.append([
+            f"{n.get('route')} c{n.get('concurrency')}" if several else n.get("route"), _num(n.get("replicas")),
+            fleet_requests(n), f"{_num(n.get('cold_prefills'))}/{_num(n.get('ideal_cold_prefills'))}",
+            f"{_num(n.get('hits'))}/{_num(n.get('ideal_hits'))}", _num(n.get("routing_cost"), ".1%"), fleet_ttft(n),
+            _k(n.get("output_throughput")), fleet_verdict(n),
+        ])  # fmt: skip
+    headers = ["route", "replicas", "requests", "cold/ideal", "hits/ideal", "cost", "TTFT ms [CI]", "out tok/s",
+               "verdict"]  # fmt: skip
+    return tabulate(body, headers=headers, disable_numparse=True)
+
+
+def fleet_lines(view: ReportView) -> list[tuple[str, Markup]]:
+    """The fleet table, a line per fleet run whose locality could not be told, and, for a results file
+    written before the fleet block, the fleet runs it has no table for."""
+    lines: list[tuple[str, Markup]] = []
+    if view.fleet:
+        lines.append((fleet_lead(view.fleet), {}))
+        lines.append((fleet_table(view.fleet), {}))
+        lines += [
+            (f"FLEET {n.get('id')}: {first_line(n['error'])}", {"red": True}) for n in view.fleet if n.get("error")
+        ]
+    if view.fleet_without_rows:
+        lines.append(
+            (
+                f"fleet runs {', '.join(view.fleet_without_rows)}: no fleet table in this file (written before "
+                "schema_version 3); their counters are in runs[].repeat_counters[].parts",
+                {},
+            )
+        )
+    return lines
+
+
 def gate_table(rows: list[dict[str, Any]]) -> str:
     """Every row the baseline gate compared: each metric baseline -> now (limit), and whether it regressed."""
     body = []
@@ -160,9 +230,11 @@ def server_lines(servers: list[dict[str, Any]], launches: Mapping[str, int]) -> 
     for info in servers:
         command = [str(a) for a in info.get("command") or []]
         tp = next((command[i + 1] for i, a in enumerate(command[:-1]) if a == "--tensor-parallel-size"), "1")
+        members = info.get("members") or []  # a fleet: each replica's own (the line shows replica 1's)
+        each = f" each of {len(members)} replicas" if members else ""
         lines.append(
             f"{info.get('mode')}: vLLM {info.get('version')}, TP {tp}, block size {info.get('block_size')}, "
-            f"{_num(info.get('num_gpu_blocks'))} blocks = {_num(info.get('kv_cache_size_tokens'))} KV tokens, "
+            f"{_num(info.get('num_gpu_blocks'))} blocks = {_num(info.get('kv_cache_size_tokens'))} KV tokens{each}, "
             f"hash {info.get('prefix_caching_hash_algo')}, ready in {_num(info.get('startup_s'), '.0f')} s, "
             f"launches {launches.get(str(info.get('mode')), 0)}"
         )
@@ -193,7 +265,9 @@ def summary_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Ma
     """The terminal summary below its separator, each line with its markup for pytest's terminal writer."""
     lines: list[tuple[str, Markup]] = []
     model = model_path_for_display(view.model)
-    lines.append((f"model {model} ({view.profile} profile); TTFT OFF>ON; gain = median TTFT OFF/ON", {}))
+    fleet_only = not view.pairs and bool(view.fleet or view.fleet_without_rows)
+    legend = "" if fleet_only else "; TTFT OFF>ON; gain = median TTFT OFF/ON"
+    lines.append((f"model {model} ({view.profile} profile){legend}", {}))
     lines += [(line, {}) for line in server_lines(view.servers, view.launches)]
     if view.pairs:
         lines.append((table(view.pairs, verbose=verbose), {}))
@@ -201,6 +275,7 @@ def summary_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Ma
         default = view.algos[0].get("default_hash_algo") or "not reported"
         lines.append((f"hash algorithms vs the default ({default}): cached tokens must be equal", {}))
         lines.append((algo_table(view.algos), {}))
+    lines += fleet_lines(view)
     for run_id, error in view.errors:
         lines.append((f"NOT MEASURED {run_id}: {first_line(error)}", {"red": True}))
     lines += [(f"WARNING {line}", {"yellow": True}) for line in view.warnings]

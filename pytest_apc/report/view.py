@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ReportView:
-    """The rows and lines of one run's report. Rows are the dicts of ``ReportData.pair_numbers()`` and
-    ``algo_numbers()``, which is what results.json stores as ``pairs`` and ``hash_algos``."""
+    """The rows and lines of one run's report. Rows are the dicts of ``ReportData.pair_numbers()``,
+    ``algo_numbers()`` and ``fleet_numbers()``, which is what results.json stores as ``pairs``, ``hash_algos``
+    and ``fleet``."""
 
     model: str  # as recorded: a path or a name
     profile: str | None
@@ -31,6 +32,9 @@ class ReportView:
     warnings: list[str]
     gate: dict[str, Any] = field(default_factory=dict)  # Gate.to_json(), or a results file's "gate"
     results: str = ""  # where the results file is
+    fleet: list[dict[str, Any]] = field(default_factory=list)  # one row per fleet run (schema_version 3)
+    # Fleet runs of a file written before the fleet block (schema_version 2): named, without a table.
+    fleet_without_rows: list[str] = field(default_factory=list)
 
     @classmethod
     def from_session(cls, apc: ApcSession, data: ReportData, gate: Gate | None = None) -> ReportView:
@@ -46,6 +50,7 @@ class ReportView:
             warnings=apc.measured.warnings,
             gate=gate.to_json() if gate is not None else {},
             results=str(apc.json_path),
+            fleet=data.fleet_numbers(),
         )
 
     @classmethod
@@ -63,8 +68,17 @@ class ReportView:
             warnings=[str(w) for w in doc.get("warnings") or []],
             gate=dict(doc.get("gate") or {}),
             results=path,
+            fleet=list(doc.get("fleet") or []),
+            fleet_without_rows=[] if "fleet" in doc else fleet_run_ids(doc),
         )
 
     def cases(self) -> list[str]:
-        """The cases of the pair rows (``C/D``, or ``C/D xxhash`` in a schema_version 1 file), sorted."""
-        return sorted({case for row in self.pairs for case in str(row["pair"]).split()[0].split("/")})
+        """The cases of the pair rows (``C/D``, or ``C/D xxhash`` in a schema_version 1 file) and R for fleet
+        rows, sorted."""
+        cases = {case for row in self.pairs for case in str(row["pair"]).split()[0].split("/")}
+        return sorted(cases | ({"R"} if self.fleet else set()))
+
+
+def fleet_run_ids(doc: Mapping[str, Any]) -> list[str]:
+    """The ids of a results document's fleet runs (a ``route``), whether or not it has a ``fleet`` block."""
+    return [str(run.get("id")) for run in doc.get("runs") or [] if isinstance(run, dict) and run.get("route")]
