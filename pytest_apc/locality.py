@@ -121,7 +121,7 @@ def of_repeat(run: RunRecord, repeat: Repeat) -> Locality:
             "(a data-parallel server whose /metrics has no engine label, or a fleet of one)"
         )
     counts = []
-    for name, d in sorted(repeat.parts.items()):
+    for name, d in repeat.parts.items():  # in the fleet's order: replica 1, 2, ..., 10 (or engine 0, 1, ...)
         counts.append(_count(run.key.id, name, d, p))
     return Locality(run.key.route, counts, run.workload.num_prompts, p)
 

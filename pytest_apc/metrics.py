@@ -100,7 +100,8 @@ def parse(text: str) -> Snapshot:
         raise MetricsError(f"/metrics is not valid Prometheus text: {err}; first line: {text[:120]!r}") from err
     if not samples:
         raise MetricsError(f"/metrics has no samples; first line: {text[:120]!r}")
-    parts = {name: Snapshot(own, cache_config) for name, own in sorted(by_engine.items())} if len(by_engine) > 1 else {}
+    ranks = sorted(by_engine, key=lambda name: int(name.split()[-1]) if name.split()[-1].isdigit() else -1)
+    parts = {name: Snapshot(by_engine[name], cache_config) for name in ranks} if len(by_engine) > 1 else {}
     return Snapshot(samples, cache_config, parts)
 
 

@@ -71,7 +71,8 @@ class Repeat:
         """The counter deltas, or a "cannot verify" failure naming what is missing."""
         if self.metrics_error:
             raise MeasurementError(f"cannot verify the prefix cache of run {run_id}: {self.metrics_error}")
-        assert self.delta is not None
+        if self.delta is None:
+            raise MeasurementError(f"cannot verify the prefix cache of run {run_id}: no counters were read around it")
         missing = self.delta.missing()
         if missing:
             raise MeasurementError(
