@@ -144,7 +144,9 @@ def deployment_for(
         ranks = settings.data_parallel_size
         tp = settings.tensor_parallel_size or max(1, tensor_parallel_size(settings) // ranks)
         extra = ("--data-parallel-size", str(ranks))
-        return launched_server(mode, settings, model, how, tensor_parallel=tp, extra=extra)
+        ranks_cores = cpu_core_chunks(settings, ranks)  # vLLM gives rank r the r-th "|"-separated list
+        binding = {"VLLM_CPU_OMP_THREADS_BIND": "|".join(ranks_cores)} if ranks_cores else {}
+        return launched_server(mode, settings, model, how, tensor_parallel=tp, extra=extra, env_extra=binding)
     return launched_server(mode, settings, model, how, tensor_parallel=tensor_parallel_size(settings))
 
 
@@ -200,13 +202,22 @@ def replica_gpus(settings: Settings) -> list[tuple[dict[str, str], int]]:
                 "(--apc-replicas, --apc-tensor-parallel-size, CUDA_VISIBLE_DEVICES)"
             )
         return [({"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * per : (i + 1) * per])}, per) for i in range(count)]
-    if settings.profile == "cpu" and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        # vLLM binds every CPU server to the same cores by default: give each replica its own.
-        cores = sorted(os.sched_getaffinity(0))
-        per = max(1, len(cores) // count)
-        chunks = [cores[(i * per) % len(cores) : (i * per) % len(cores) + per] for i in range(count)]
-        return [({"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, chunk))}, 1) for chunk in chunks]
+    chunks = cpu_core_chunks(settings, count)
+    if chunks:
+        return [({"VLLM_CPU_OMP_THREADS_BIND": chunk}, 1) for chunk in chunks]
     return [({}, tensor_parallel_size(settings)) for _ in range(count)]
+
+
+def cpu_core_chunks(settings: Settings, count: int) -> list[str]:
+    """On the CPU build, ``count`` disjoint core lists ("0", "1" or "0,1", ...) for that many replicas or
+    data-parallel ranks: vLLM's automatic binding puts every server and rank of a one-NUMA-node machine
+    on the same cores. [] where it does not apply (GPU, or VLLM_CPU_OMP_THREADS_BIND set by the user)."""
+    if settings.profile != "cpu" or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return []
+    cores = sorted(os.sched_getaffinity(0))
+    per = max(1, len(cores) // count)
+    chunks = [cores[(i * per) % len(cores) : (i * per) % len(cores) + per] for i in range(count)]
+    return [",".join(map(str, chunk)) for chunk in chunks]
 
 
 def external_url(mode: ServerMode, settings: Settings) -> str:

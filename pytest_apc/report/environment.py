@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import os
 import platform
 import socket
@@ -26,6 +28,10 @@ def environment(apc: ApcSession) -> dict[str, Any]:
         return out or None
 
     versions = sorted({info.version for info in apc.measured.servers.values() if info.version})
+    router = None
+    if any(info.members for info in apc.measured.servers.values()):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            router = importlib.metadata.version("vllm-router")
     gpus = run("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
     return {
         "pytest_apc": pytest_apc.__version__,
@@ -37,6 +43,8 @@ def environment(apc: ApcSession) -> dict[str, Any]:
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "gpus": gpus.splitlines() if gpus else [],
-        "git_commit": run("git", "-C", str(apc.run_dir.parent), "rev-parse", "HEAD"),
+        "vllm_router": router,  # the router a launched fleet ran behind
+        # The results folder's repository, else the one pytest ran in.
+        "git_commit": run("git", "-C", str(apc.run_dir.parent), "rev-parse", "HEAD") or run("git", "rev-parse", "HEAD"),
         "argv": sys.argv,
     }
