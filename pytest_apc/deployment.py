@@ -208,8 +208,9 @@ def replica_gpus(settings: Settings) -> list[tuple[dict[str, str], int]]:
 
 
 def external_url(mode: ServerMode, settings: Settings) -> str:
-    """The URL of a server run elsewhere for this mode, or "" to launch one (hash-algorithm servers always are)."""
-    if mode.hash_algo:
+    """The URL of a server run elsewhere for this mode, or "" to launch one (hash-algorithm servers always are,
+    and so are fleets: an external one is --apc-fleet-url, never the single --apc-url-on server)."""
+    if mode.hash_algo or mode.fleet:
         return ""
     return settings.url_on if mode.apc else settings.url_off
 

@@ -78,7 +78,8 @@ def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, C
         ("suffix_len", family("pure"), "no selected test runs C/D, the only cases with this length"),
         ("rag_prefix_len", family("rag"), "no selected test runs E/F, the only cases with this length"),
         ("input_len", family("overhead", "rag"), "no selected test runs A/B or E/F, the cases with this length"),
-        ("url_on", lambda use: any(k.apc for k in use.keys), "no selected test measures on an APC-on server"),
+        ("url_on", lambda use: any(k.apc and not k.route for k in use.keys),
+         "no selected test measures on an APC-on server"),
         ("url_off", lambda use: any(not k.apc for k in use.keys), "no selected test measures on the APC-off server"),
     ]  # fmt: skip
 
