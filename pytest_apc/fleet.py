@@ -188,7 +188,15 @@ class Fleet:
                 raise RouterError(missing)
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=len(self.replicas)) as pool:
-            outcomes = list(pool.map(self._start_one, range(len(self.replicas))))
+            try:
+                outcomes = list(pool.map(self._start_one, range(len(self.replicas))))
+            except BaseException:
+                # Interrupted (Ctrl-C, SIGTERM): leaving this block joins the threads, which would wait for
+                # every replica to be ready or time out (--apc-startup-timeout); they give up now, each
+                # stopping its own server.
+                for replica in self.replicas:
+                    replica.cancel()
+                raise
         failed = [text for text in outcomes if text]
         if failed:
             self.stop()
