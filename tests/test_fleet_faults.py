@@ -176,6 +176,7 @@ def test_fleet_behind_vllm_router_is_accounted_replica_by_replica(tmp_path, run_
         spread[run_id] = sorted(part["requests"] for part in parts.values())
         assert sum(part["prefix_cache_hits"] for part in parts.values()) == run["prefix_cache_hits"]
         assert f"--policy {run['route']}" in run["repeat_counters"][0]["router_command"]
+        assert "--prometheus-port" in run["repeat_counters"][0]["router_command"]  # not the shared 29000
     assert spread == {"R-c8-round_robin": [15, 15], "R-c8-consistent_hash": [0, 30]}
     consistent = runs["R-c8-consistent_hash"]
     assert consistent["prefix_cache_hits"] == p["expected_hits"]  # one replica: exactly the prediction
