@@ -95,9 +95,13 @@ class Router:
         self.stop()
         self.port = free_port(self.bind_host)
         self.policy = policy
+        # vllm-router also serves Prometheus metrics, on 127.0.0.1:29000 unless told otherwise: with that port
+        # taken (another run's router, any other process) it exits while starting. Its own free port; a
+        # --prometheus-port in --apc-router-arg comes later and wins.
         self.argv = [
             *self.command, "--worker-urls", *worker_urls, "--policy", policy,
-            "--host", self.bind_host, "--port", str(self.port), *self.extra,
+            "--host", self.bind_host, "--port", str(self.port),
+            "--prometheus-port", str(free_port("127.0.0.1")), *self.extra,
         ]  # fmt: skip
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
@@ -184,7 +188,15 @@ class Fleet:
                 raise RouterError(missing)
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=len(self.replicas)) as pool:
-            outcomes = list(pool.map(self._start_one, range(len(self.replicas))))
+            try:
+                outcomes = list(pool.map(self._start_one, range(len(self.replicas))))
+            except BaseException:
+                # Interrupted (Ctrl-C, SIGTERM): leaving this block joins the threads, which would wait for
+                # every replica to be ready or time out (--apc-startup-timeout); they give up now, each
+                # stopping its own server.
+                for replica in self.replicas:
+                    replica.cancel()
+                raise
         failed = [text for text in outcomes if text]
         if failed:
             self.stop()

@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -222,6 +223,7 @@ class Endpoint:
         self.http = self._session()
         self._health_checked = 0.0
         self._unhealthy_since: float | None = None
+        self._cancelled = threading.Event()  # set from another thread: stop waiting for readiness
 
     def _session(self) -> requests.Session:
         http = requests.Session()
@@ -287,6 +289,11 @@ class Endpoint:
         """One server routes nothing itself (a data-parallel server balances its ranks internally)."""
         return ""
 
+    def cancel(self) -> None:
+        """Give up a start that runs in another thread (a fleet starts its replicas side by side): it raises
+        ServerError at its next readiness poll, and a launched server is stopped by its own start()."""
+        self._cancelled.set()
+
     # -- readiness ------------------------------------------------------------------------------------------
 
     @property
@@ -308,6 +315,8 @@ class Endpoint:
         fatal_seen: float | None = None
         incomplete: list[str] = []  # what a server that answers lacks, poll after poll
         while True:
+            if self._cancelled.is_set():
+                raise ServerError(f"{self.mode.name} server: start-up cancelled (waiting for {waiting_for})")
             code = self.exit_code()
             if code is not None:
                 raise self._failure(f"exited with code {code} while starting (waiting for {waiting_for})")
@@ -588,7 +597,7 @@ class LaunchedServer(Endpoint):
                 self._wait_ready(started)
             except ServerError:
                 self.stop()
-                if attempt < 2 and ADDRESS_IN_USE in tail(self.log_path, 30):
+                if attempt < 2 and not self._cancelled.is_set() and ADDRESS_IN_USE in tail(self.log_path, 30):
                     continue
                 raise
             return self.info

@@ -482,7 +482,8 @@ def fleet_accounting(run: RunRecord) -> Verdict:
 def prefix_locality(run: RunRecord) -> Verdict:
     """Cold prefills C against the ideal G (one per prefix group) and against what the route promises;
     the routing cost as extra prefill tokens and as a share of what APC saves on one replica. Fails when
-    the route broke its promise (round_robin: even spread; consistent_hash with one key: one replica)."""
+    the route broke its promise (round_robin: even spread; consistent_hash with one key: one replica), and
+    when the replicas' counters do not hold the benchmark's requests (nothing to tell locality from)."""
     lines: list[str] = []
     problems: list[str] = []
     per_repeat: list[dict[str, Any]] = []
@@ -491,6 +492,11 @@ def prefix_locality(run: RunRecord) -> Verdict:
     for repeat in run.repeats:
         known = len(problems)
         found = locality.of_repeat(run, repeat)
+        if found.requests != found.num_prompts:
+            problems.append(
+                f"the replicas finished {found.requests} of the benchmark's {found.num_prompts} requests, so where "
+                "they landed cannot be told (see fleet_accounting)"
+            )
         problems += locality.promise_problems(found)
         cost = found.routing_cost
         lines.append(

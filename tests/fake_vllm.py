@@ -13,9 +13,12 @@ not), /reset_prefix_cache. Requests naming a model other than the served name ge
 ``vllm bench serve``, which sends the model *path* to /tokenize, skips its prompt re-alignment). A
 ``--port 0`` binds a free port; the log line "Starting vLLM server on http://HOST:PORT" tells which.
 
-Fake tokenizer: one token per 4 characters (rounded up), id = sum of the characters' ord % 4000 + 7.
+Fake tokenizer: one token per 4 characters (rounded up), id = sum of the characters' ord % 4000 + 7
+(with --fake-model-tokenizer: the tokenizer.json of --model, through the ``tokenizers`` package).
 Chat template: [1, 3, 10, 11] + tokens of the concatenated message texts + [6, 5].
 Prefix cache model: full blocks of --block-size tokens, keyed by a chained hash of the whole prefix.
+Finished requests: vllm:request_success_total{finished_reason=...}, "length" for every answered chat
+completion, "abort" for one whose client went away.
 
 Fault switches:
     --fake-startup-delay S      sleep S seconds before listening (default 0.2; connections refused)
@@ -49,6 +52,14 @@ Fault switches:
     --fake-fatal-after-requests N  after N answered chat completions, print an engine traceback and "EngineCore
                                 encountered a fatal error"; later chat completions hang, /health stays 200
     --fake-hang-after-requests N   after N answered chat completions, every request (/health too) hangs
+    --fake-no-request-counter   /metrics omits vllm:request_success_total
+    --fake-model-tokenizer      tokenize message texts with --model's tokenizer.json, as the benchmark client
+                                does: the prefix the benchmark generates is then exactly its tokens, and hits
+                                match pytest-apc's prediction (the fake tokenizer's 4 characters per token do not)
+    --fake-if-log='TEXT ARGS'   (repeatable) when the path of the file this process's stdout goes to contains
+                                TEXT, ARGS are added to the command line: pytest-apc launches fleet replicas
+                                with one log each (server-<mode>-r<N>.log), so
+                                --fake-if-log='-r2.log --fake-crash-on-start' breaks replica 2 alone
 
 Without --fake-ignore-sigterm, SIGTERM prints "fake vLLM shutting down" and exits 0. The children are
 not reaped by the fake itself: like leaked EngineCore processes, they die only when their group is
@@ -60,6 +71,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -73,6 +85,7 @@ HEADER_TOKENS = [1, 3, 10, 11]
 FOOTER_TOKENS = [6, 5]
 KV_CACHE_TOKENS = 4_194_304
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM's FinishReason
 PID = os.getpid()
 METRIC_FAMILIES = [  # (name without the "vllm:" prefix, type, help) in vLLM's registration order
     ("cache_config_info", "gauge", "Information of the LLMEngine CacheConfig"),
@@ -86,6 +99,7 @@ METRIC_FAMILIES = [  # (name without the "vllm:" prefix, type, help) in vLLM's r
     ("prompt_tokens_by_source_total", "counter", "Number of prompt tokens by source."),
     ("generation_tokens_total", "counter", "Number of generation tokens processed."),
     ("external_prefix_cache_hits_total", "counter", "External prefix cache hits from KV connector."),
+    ("request_success_total", "counter", "Count of successfully processed requests."),
 ]
 
 
@@ -94,7 +108,19 @@ def log(line: str) -> None:
 
 
 def tokenize_text(text: str) -> list[int]:
+    if MODEL_TOKENIZER:
+        return list(MODEL_TOKENIZER[0].encode(text, add_special_tokens=False).ids)
     return [sum(map(ord, text[i : i + 4])) % 4000 + 7 for i in range(0, len(text), 4)]
+
+
+MODEL_TOKENIZER: list[Any] = []  # --fake-model-tokenizer: the tokenizers.Tokenizer of --model
+
+
+def use_model_tokenizer(model: str) -> None:
+    """Tokenize message texts like the benchmark client does (the model's tokenizer.json), as vLLM would."""
+    from tokenizers import Tokenizer  # not stdlib: only with --fake-model-tokenizer
+
+    MODEL_TOKENIZER.append(Tokenizer.from_file(os.path.join(model, "tokenizer.json")))
 
 
 def message_text(messages: list[Any]) -> str:
@@ -124,6 +150,7 @@ class Engine:
         self.blocks: set[int] = set()
         self.queries = self.hits = self.prompt_tokens = self.generation_tokens = 0
         self.by_source = dict.fromkeys(SOURCES, 0)
+        self.finished = dict.fromkeys(FINISH_REASONS, 0)
         self.running = self.running_tokens = self.answered = self.received = 0
         self.hung = False  # every request hangs (--fake-hang-after-requests)
         self.dead = False  # chat completions hang (--fake-fatal-after-requests)
@@ -153,11 +180,12 @@ class Engine:
             self.by_source["local_compute"] += n - hit
             return hit
 
-    def finish(self, prompt_len: int, completion_tokens: int) -> None:
+    def finish(self, prompt_len: int, completion_tokens: int, reason: str = "length") -> None:
         with self.lock:
             self.running -= 1
             self.running_tokens -= prompt_len
             self.generation_tokens += completion_tokens
+            self.finished[reason] += 1
 
     def reset(self, external: bool) -> None:
         """Like vLLM: an offload tier keeps the prefixes unless reset_external=true (they come back as hits)."""
@@ -165,7 +193,7 @@ class Engine:
             if external or not self.external_tier:
                 self.blocks.clear()
 
-    def metrics(self, name: str, report_caching: bool, prefix_metrics: bool) -> str:
+    def metrics(self, name: str, report_caching: bool, prefix_metrics: bool, request_counter: bool = True) -> str:
         """Render Prometheus text format 0.0.4, the way prometheus_client does for vLLM."""
         lab, bs = f'engine="0",model_name="{name}"', self.block_size
         info = (
@@ -175,6 +203,7 @@ class Engine:
         )
         with self.lock:
             by_source: list[tuple[str, float]] = [(f'{lab},source="{s}"', self.by_source[s]) for s in SOURCES]
+            finished = [(f'{lab},finished_reason="{r}"', self.finished[r]) for r in FINISH_REASONS]
             values: dict[str, list[tuple[str, float]]] = {
                 "cache_config_info": [(info, 1)],
                 "num_requests_running": [(lab, self.running)],
@@ -187,9 +216,12 @@ class Engine:
                 "prompt_tokens_by_source_total": by_source,
                 "generation_tokens_total": [(lab, self.generation_tokens)],
                 "external_prefix_cache_hits_total": [(lab, 0)],  # vLLM exports it with or without a connector
+                "request_success_total": finished,
             }
         out: list[str] = []
         for metric, kind, doc in METRIC_FAMILIES:
+            if metric == "request_success_total" and not request_counter:
+                continue
             if prefix_metrics or not metric.startswith(("prefix_cache_", "prompt_tokens_by_source")):
                 out += [f"# HELP vllm:{metric} {doc}", f"# TYPE vllm:{metric} {kind}"]
                 out += [f"vllm:{metric}{{{labels}}} {float(value)}" for labels, value in values[metric]]
@@ -278,7 +310,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_text(200, "<html>\x00garbage{{ not prometheus\nvllm:cache_config_info{{{ 1.0 2.0 x\n")
             return
         report = args.enable_prefix_caching != args.fake_wrong_mode
-        text = self.server.engine.metrics(self.server.names[0], report, not args.fake_no_prefix_metrics)
+        text = self.server.engine.metrics(
+            self.server.names[0], report, not args.fake_no_prefix_metrics, not args.fake_no_request_counter
+        )
         if args.fake_no_cache_config:
             text = "\n".join(ln for ln in text.splitlines() if "cache_config_info" not in ln) + "\n"
         self.send_text(200, text, "text/plain; version=0.0.4; charset=utf-8")
@@ -356,6 +390,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         engine.admit(prompt)
         done = 0
+        answered = False
         try:
             base = dict(id=f"chatcmpl-fake-{time.monotonic_ns()}", created=int(time.time()))
             base["model"] = self.server.names[0]
@@ -387,8 +422,9 @@ class Handler(BaseHTTPRequestHandler):
                     event([], usage=usage)
                 self.write_chunk("data: [DONE]\n\n")
                 self.write_chunk("")
+            answered = True
         finally:
-            engine.finish(len(prompt), done)
+            engine.finish(len(prompt), done, "length" if answered else "abort")
         self.maybe_die(answered=1)
 
     def write_chunk(self, text: str) -> None:
@@ -442,10 +478,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.add_argument(f"--fake-{switch}", action="store_true")
     for switch in ("no-prefix-metrics", "wrong-mode", "ignore-sigterm", "log-noise", "no-tokenize", "external-tier"):
         p.add_argument(f"--fake-{switch}", action="store_true")
-    for switch in ("fatal-on-start", "no-cache-config"):
+    for switch in ("fatal-on-start", "no-cache-config", "no-request-counter", "model-tokenizer"):
         p.add_argument(f"--fake-{switch}", action="store_true")
+    p.add_argument("--fake-if-log", action="append", default=[], metavar="'TEXT ARGS'")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, _unknown = p.parse_known_args(argv)
+    extra: list[str] = []
+    for spec in args.fake_if_log:
+        text, *more = shlex.split(spec)
+        if text in stdout_target():
+            extra += more
+    if extra:
+        args, _unknown = p.parse_known_args(argv + extra)
     return args
+
+
+def stdout_target() -> str:
+    """The file this process's stdout goes to (its log, when launched by pytest-apc); "" when unknown."""
+    try:
+        return os.readlink("/proc/self/fd/1")
+    except OSError:
+        return ""
 
 
 def log_noise() -> None:
@@ -486,6 +539,8 @@ def on_sigterm(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log(f"INFO fake vLLM starting (pid={PID})")
+    if args.fake_model_tokenizer:
+        use_model_tokenizer(args.model)
     for _ in range(args.fake_children):  # before SIG_IGN: an ignored disposition survives exec
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(100000)"])
         log(f"INFO fake child pid={child.pid}")

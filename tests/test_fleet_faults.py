@@ -1,0 +1,251 @@
+"""Fleet faults, injected with tests/fake_vllm.py behind the real vllm-router: the suite's own
+tests_apc/test_fleet.py run with ``-m fleet --cpu-node``. Each fault is a loud failure that names the
+replica, and nothing is left running."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import FAKE_VLLM, TESTS_APC
+from tests.test_faults import _start_fake
+
+FLEET_IDS = [
+    f"test_fleet.py::{test}[R-c8-{route}]"
+    for test in ("test_fleet_accounting", "test_prefix_locality")
+    for route in ("consistent_hash", "round_robin")
+]
+
+
+@pytest.fixture(autouse=True)
+def fleet_suite(tmp_path):
+    """The suite's fleet tests, copied: the inner run's rootdir (and results) stay in tmp_path. Afterwards
+    no vllm-router may be left: run_inner's leftover check cannot see one (``_fleet_processes``)."""
+    (tmp_path / "test_fleet.py").write_text((TESTS_APC / "test_fleet.py").read_text())
+    yield
+    routers, _ = _fleet_processes(tmp_path)
+    for proc in routers:
+        proc.kill()
+    assert not routers, "vllm-router left behind"
+
+
+def fleet_args(*fake_flags: str) -> list[str]:
+    """The fleet tests on fake replicas (tokenizing like the benchmark, so that hits are predictable)."""
+    args = [
+        "-m",
+        "fleet",
+        "--cpu-node",
+        f"--apc-server-command={{python}} {FAKE_VLLM}",
+        "--apc-server-arg=--fake-model-tokenizer",
+        "--apc-length-scale=0.01",
+        "--apc-startup-timeout=20",
+        "--apc-stop-timeout=3",
+        "-p",
+        "no:randomly",
+        "-rA",
+    ]
+    return args + [f"--apc-server-arg={flag}" for flag in fake_flags]
+
+
+def results(tmp_path) -> dict:
+    return json.loads(next(tmp_path.glob("apc-results/*/results.json")).read_text())
+
+
+def errored_all(output: str) -> None:
+    """Every fleet test errored (none passed, none was skipped)."""
+    for test_id in FLEET_IDS:
+        assert f"ERROR {test_id}" in output, output[-3000:]
+    assert "passed" not in output.splitlines()[-1]
+
+
+def test_missing_router_errors_every_fleet_test_at_once_naming_the_extra(tmp_path, run_inner) -> None:
+    started = time.monotonic()
+    inner = run_inner(*fleet_args(), "--apc-router-command=/nonexistent/vllm-router")
+    assert inner.ret == 1
+    assert time.monotonic() - started < 60
+    errored_all(inner.output)
+    assert "the fleet tests start vllm-router ('/nonexistent/vllm-router'), which is not installed" in inner.output
+    assert "pip install 'pytest-apc[fleet]'" in inner.output
+    assert not list(tmp_path.glob("apc-results/*/server-*-r1.log")), "replicas were launched without a router"
+
+
+def test_one_replica_that_cannot_start_is_named_with_its_log(tmp_path, run_inner) -> None:
+    """Only replica 2 crashes (its log is server-...-r2.log): the error names it, shows its log, and the
+    replica that did start is stopped."""
+    inner = run_inner(*fleet_args("--fake-if-log=-r2.log --fake-crash-on-start"))
+    assert inner.ret == 1
+    errored_all(inner.output)
+    assert "replica 2 of 2 could not start:" in inner.output
+    assert "replica 1 of 2 could not start" not in inner.output
+    assert "apc-on-fleet-router server exited with code 3 while starting" in inner.output
+    assert "server-apc-on-fleet-router-r2.log" in inner.output
+    assert "CUDA out of memory (fake)" in inner.output  # replica 2's log tail
+
+
+def test_replicas_that_differ_in_block_size_are_refused(tmp_path, run_inner) -> None:
+    inner = run_inner(*fleet_args("--fake-if-log=-r2.log --block-size 32"))
+    assert inner.ret == 1
+    errored_all(inner.output)
+    assert "the apc-on-fleet-router replicas are not alike" in inner.output
+    assert "replica 2 has block_size='32', replica 1 '16'" in inner.output
+    assert not list(tmp_path.glob("apc-results/*/bench/*.json")), "a fleet of unlike replicas was measured"
+
+
+def test_a_replica_that_does_not_reset_fails_its_runs_naming_it(tmp_path, run_inner) -> None:
+    inner = run_inner(*fleet_args("--fake-if-log=-r2.log --fake-reset false"))
+    assert inner.ret == 1
+    errored_all(inner.output)
+    assert "replica 2 of the apc-on-fleet-router fleet: apc-on-fleet-router server did not reset its prefix cache" in (
+        inner.output
+    )
+
+
+def _free_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens there once closed
+
+
+def test_external_fleet_with_a_replica_that_does_not_answer_fails_naming_it(tmp_path, run_inner) -> None:
+    gateway, gateway_url = _start_fake(tmp_path)
+    replica, replica_url = _start_fake(tmp_path)
+    dead_url = _free_url()
+    try:
+        inner = run_inner(
+            *fleet_args(), f"--apc-fleet-url={gateway_url}", f"--apc-metrics-url={replica_url}",
+            f"--apc-metrics-url={dead_url}", "--apc-startup-timeout=4",
+        )  # fmt: skip
+        assert inner.ret == 1
+        for test in ("test_fleet_accounting", "test_prefix_locality"):
+            assert f"ERROR test_fleet.py::{test}[R-c8-external]" in inner.output
+        assert "passed" not in inner.output.splitlines()[-1]
+        assert "replica 2 of 2 could not start:" in inner.output
+        assert "was not ready after 4 s (still waiting for the process to listen (/health))" in inner.output
+        assert dead_url in inner.output
+        assert gateway.poll() is None, "the plugin stopped a server it did not launch"
+        assert replica.poll() is None, "the plugin stopped a server it did not launch"
+    finally:
+        gateway.kill()
+        replica.kill()
+
+
+def test_external_fleet_whose_replicas_did_not_serve_the_requests_fails(tmp_path, run_inner) -> None:
+    """--apc-metrics-url at servers the gateway does not route to: their counters saw none of the
+    benchmark's requests, which the verdicts must not pass as a fleet with perfect locality."""
+    gateway, gateway_url = _start_fake(tmp_path)
+    one, one_url = _start_fake(tmp_path)
+    two, two_url = _start_fake(tmp_path)
+    try:
+        inner = run_inner(
+            *fleet_args(), f"--apc-fleet-url={gateway_url}", f"--apc-metrics-url={one_url}",
+            f"--apc-metrics-url={two_url}",
+        )  # fmt: skip
+        assert inner.ret == 1
+        assert "FAILED test_fleet.py::test_fleet_accounting[R-c8-external]" in inner.output
+        assert "FAILED test_fleet.py::test_prefix_locality[R-c8-external]" in inner.output
+        assert "the replicas finished 0 requests for the benchmark's 30: the router dropped requests" in inner.output
+    finally:
+        gateway.kill()
+        one.kill()
+        two.kill()
+
+
+def test_fleet_behind_vllm_router_is_accounted_replica_by_replica(tmp_path, run_inner) -> None:
+    """Two fake replicas behind the real vllm-router, 3 prefix groups and a template header of one block
+    (block size 4, header 4 tokens: Q = 4): every request lands on one replica, each replica's hits are
+    whole cold prefills, round_robin splits 15/15 and consistent_hash keeps all 30 on one replica."""
+    inner = run_inner(
+        *fleet_args("--block-size", "4"), "--apc-prefix-groups=3", "--apc-prefix-len=33000"
+    )  # prefix 330 tokens: S = 334, P = 332, Q = 4
+    assert inner.ret == 0, inner.output[-6000:]
+    data = results(tmp_path)
+    runs = {r["id"]: r for r in data["runs"]}
+    assert set(runs) == {"R-c8-round_robin", "R-c8-consistent_hash"}
+    p = runs["R-c8-round_robin"]["prediction"]
+    assert (p["shared_blocks"] * p["block_size"], p["header_block_tokens"], p["prefix_groups"]) == (332, 4, 3)
+    assert p["expected_hits"] == 27 * 332 + 2 * 4
+    spread = {}
+    for run_id, run in runs.items():
+        parts = run["repeat_counters"][0]["parts"]
+        assert set(parts) == {"replica 1", "replica 2"}
+        spread[run_id] = sorted(part["requests"] for part in parts.values())
+        assert sum(part["prefix_cache_hits"] for part in parts.values()) == run["prefix_cache_hits"]
+        assert f"--policy {run['route']}" in run["repeat_counters"][0]["router_command"]
+        assert "--prometheus-port" in run["repeat_counters"][0]["router_command"]  # not the shared 29000
+    assert spread == {"R-c8-round_robin": [15, 15], "R-c8-consistent_hash": [0, 30]}
+    consistent = runs["R-c8-consistent_hash"]
+    assert consistent["prefix_cache_hits"] == p["expected_hits"]  # one replica: exactly the prediction
+    verdicts = {(v["name"], v["runs"][0]): v for v in data["verdicts"]}
+    assert all(v["passed"] for v in verdicts.values()), [v["message"] for v in verdicts.values()]
+    robin = verdicts[("prefix_locality", "R-c8-round_robin")]["numbers"]
+    # Each replica saw every group: 3 cold prefills each, 6 in all where 3 would do.
+    assert [r["cold_prefills"] for r in robin["replicas"]] == [3, 3]
+    assert robin["extra_prefill_tokens"] == 3 * (332 - 4)
+    assert runs["R-c8-round_robin"]["prefix_cache_hits"] == 2 * (12 * 332 + 2 * 4)
+    assert verdicts[("prefix_locality", "R-c8-consistent_hash")]["numbers"]["cold_prefills"] == 3
+
+
+def _fleet_processes(run_dir) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """(vllm-router processes, fake replicas) of the pytest run working in ``run_dir``. Found by their
+    working directory: vllm-router writes its process title ("vllm::router") over its environment, so the
+    PYTEST_APC_OWNER tag that tests/conftest.py's leftover check looks for is gone from it."""
+    routers, replicas = [], []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.cwd() != str(run_dir) or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            argv = proc.cmdline()
+        except (psutil.Error, OSError):
+            continue
+        if any(a.startswith("vllm::router") for a in argv[:1]) or any(a.endswith("/vllm-router") for a in argv[:2]):
+            routers.append(proc)
+        elif argv[1:2] == [str(FAKE_VLLM)]:
+            replicas.append(proc)
+    return routers, replicas
+
+
+def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    return alive
+
+
+@pytest.mark.parametrize(
+    ("phase", "extra"),
+    [
+        # Interrupted while the replicas load (they never get ready); their children must go too.
+        ("startup", ("--fake-never-ready", "--fake-children", "2")),
+        # Interrupted while the benchmark runs through the router (30,000 output tokens at 1 ms each).
+        ("bench", ("--fake-children", "2", "--fake-ignore-sigterm")),
+    ],
+)
+def test_interrupted_fleet_run_leaves_no_replica_or_router(tmp_path, run_inner, phase, extra) -> None:
+    inner = run_inner(*fleet_args(*extra), "--apc-output-len=3000000", "--apc-startup-timeout=300", wait=False)
+    marker = "apc-results/*/server-*-r2.log" if phase == "startup" else "apc-results/*/bench/*.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(tmp_path.glob(marker)):
+        time.sleep(0.2)
+    assert list(tmp_path.glob(marker)), f"never reached the {phase} phase"
+    time.sleep(1.5)
+    routers, replicas = _fleet_processes(tmp_path)
+    assert len(replicas) == 2, [p.cmdline() for p in replicas]
+    if phase == "bench":
+        assert len(routers) == 1, "no vllm-router in front of the replicas"
+    inner.proc.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    inner.wait()
+    assert inner.ret != 0
+    assert time.monotonic() - signalled < 60, "the interrupted run waited for its replicas to become ready"
+    assert not _running(routers + replicas), "interrupted fleet run left a router or a replica behind"
+    assert _fleet_processes(tmp_path) == ([], [])
+    assert not inner.leftovers(), "interrupted fleet run left processes behind"
