@@ -72,16 +72,24 @@ class Locality:
         return self.prediction.prefix_groups
 
     @property
+    def active_replicas(self) -> int:
+        """A: the replicas that served at least one request."""
+        return sum(1 for r in self.replicas if r.requests)
+
+    @property
     def extra_prefill_tokens(self) -> int | None:
-        """Prompt tokens computed because a group was split across replicas."""
+        """Prompt tokens computed that one server would have served from its cache: (C - G) x (P - Q) for
+        the groups split across replicas, plus (A - 1) x Q for the header each further replica computes."""
         cold = self.cold_prefills
         if cold is None:
             return None
-        return (cold - self.ideal) * (self.prediction.group_tokens - self.prediction.header_block_tokens)
+        p = self.prediction
+        split = (cold - self.ideal) * (p.group_tokens - p.header_block_tokens)
+        return split + max(0, self.active_replicas - 1) * p.header_block_tokens
 
     @property
     def routing_cost(self) -> float | None:
-        """The extra prefill as a share of what APC saves when every group stays on one replica."""
+        """The extra prefill as a share of what APC saves on one server (``Prediction.expected_hits``)."""
         extra, ideal_hits = self.extra_prefill_tokens, self.prediction.expected_hits
         return None if extra is None or ideal_hits <= 0 else extra / ideal_hits
 

@@ -502,7 +502,7 @@ def prefix_locality(run: RunRecord) -> Verdict:
         lines.append(
             f"{run.key.id}: {found.cold_prefills} cold prefills for {found.ideal} prefix group(s) across "
             f"{len(found.replicas)} replicas (ideal {found.ideal}); hits {found.hits:,} of the "
-            f"{found.prediction.expected_hits:,} one replica per group would serve"
+            f"{found.prediction.expected_hits:,} one server would serve"
             + (
                 f"; routing cost {found.extra_prefill_tokens:,} extra prefill tokens = {cost:.1%} of what APC saves"
                 if cost is not None

@@ -185,7 +185,8 @@ def test_fleet_behind_vllm_router_is_accounted_replica_by_replica(tmp_path, run_
     robin = verdicts[("prefix_locality", "R-c8-round_robin")]["numbers"]
     # Each replica saw every group: 3 cold prefills each, 6 in all where 3 would do.
     assert [r["cold_prefills"] for r in robin["replicas"]] == [3, 3]
-    assert robin["extra_prefill_tokens"] == 3 * (332 - 4)
+    assert robin["extra_prefill_tokens"] == 3 * (332 - 4) + 4  # and replica 2 computes the header again
+    assert robin["extra_prefill_tokens"] == robin["ideal_hits"] - robin["hits"]
     assert runs["R-c8-round_robin"]["prefix_cache_hits"] == 2 * (12 * 332 + 2 * 4)
     assert verdicts[("prefix_locality", "R-c8-consistent_hash")]["numbers"]["cold_prefills"] == 3
 

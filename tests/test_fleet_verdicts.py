@@ -230,8 +230,10 @@ def test_prefix_groups_and_a_header_block_replica_by_replica(pytester) -> None:
     locality = verdict.prefix_locality(robin)
     assert locality.passed, locality.message
     assert (locality.numbers["cold_prefills"], locality.numbers["ideal_cold_prefills"]) == (6, 3)
-    assert locality.numbers["extra_prefill_tokens"] == 3 * (2304 - 256)
+    # Three split groups, and the header replica 2 computes again: exactly what one server would not.
+    assert locality.numbers["extra_prefill_tokens"] == 3 * (2304 - 256) + 256
     assert locality.numbers["ideal_hits"] == 27 * 2304 + 2 * 256
+    assert locality.numbers["extra_prefill_tokens"] == locality.numbers["ideal_hits"] - locality.numbers["hits"]
     # All on one replica: exactly the single-server prediction, no routing cost.
     one = fleet_run(s, "consistent_hash", [(30, p.expected_hits), (0, 0)], groups=3, header=300)
     assert verdict.fleet_accounting(one).passed
