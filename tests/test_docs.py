@@ -115,3 +115,39 @@ def test_h200_figures_quoted_on_other_pages_are_the_plugins() -> None:
     (ab,) = [p for p in data["pairs"] if p["pair"] == "A/B" and p["hash_algo"] is None]
     gain = f"gain {ab['ttft_speedup']:.2f}x [{ab['ttft_speedup_low']:.2f}, {ab['ttft_speedup_high']:.2f}]"
     assert gain in (DOCS / "matrix.md").read_text()
+
+
+def _fleet_cpu() -> tuple[str, dict]:
+    import json
+
+    folder = DOCS / "results" / "fleet-cpu"
+    return (folder / "README.md").read_text(), json.loads((folder / "results.json").read_text())
+
+
+def test_fleet_cpu_page_table_is_the_one_its_results_file_prints() -> None:
+    """The policy sweep page shows the fleet table exactly as `python -m pytest_apc report` prints it."""
+    from pytest_apc.report.terminal import fleet_table
+
+    page, data = _fleet_cpu()
+    block = page[page.index("<!-- fleet-table -->") :].split("```")[1].strip("\n")
+    assert block == fleet_table(data["fleet"])
+
+
+def test_fleet_cpu_page_prose_quotes_its_results_file() -> None:
+    """Every figure the sweep page's prose quotes comes from its results file."""
+    page, data = _fleet_cpu()
+    rows = {row["route"]: row for row in data["fleet"]}
+    pinned, split = rows["consistent_hash"], [r for name, r in rows.items() if name != "consistent_hash"]
+    groups, prompts = pinned["prefix_groups"], data["settings"]["num_prompts"]
+    assert f"{groups} prefix groups of {prompts // groups} prompts" in page
+    assert f"all {prompts} requests on one replica ({pinned['cold_prefills']} cold prefills" in page
+    costs = {(r["cold_prefills"], r["extra_prefill_tokens"], r["routing_cost"]) for r in split}
+    ((cold, extra, cost),) = costs  # every other route split every group alike: one sentence covers them
+    assert f"{cold} cold prefills, {extra:,} extra prefill tokens, {cost:.1%} of what APC saves" in page
+    assert f"vllm-router {data['environment']['vllm_router']}" in page
+    assert f"vLLM {data['environment']['vllm']}" in page
+    assert data["environment"]["git_commit"][:7] in page
+    assert all(v["passed"] for v in data["verdicts"])  # "Every verdict passed"
+    # "consistent_hash had the lowest median TTFT with the narrowest interval"
+    assert min(rows.values(), key=lambda r: r["median_ttft_ms"]) is pinned
+    assert min(rows.values(), key=lambda r: r["median_ttft_high_ms"] - r["median_ttft_low_ms"]) is pinned
