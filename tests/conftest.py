@@ -64,6 +64,20 @@ class InnerRun:
         self.ret = self.proc.returncode
         return self
 
+    def require_nothing_left(self) -> None:
+        """Kill whatever this run left behind, then fail naming it."""
+        left = self.leftovers()
+        for proc in left:
+            proc.kill()
+        assert not left, f"processes left behind by {self.args}: {[p.cmdline() for p in left]}"
+
+    def wait_for(self, root: Path, pattern: str, what: str, timeout: float = 90) -> None:
+        """Wait until a file matching ``pattern`` exists under ``root`` (the run reached a phase)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not list(root.glob(pattern)):
+            time.sleep(0.2)
+        assert list(root.glob(pattern)), f"never reached {what}"
+
     def leftovers(self, settle: float = 5.0) -> list[psutil.Process]:
         deadline = time.monotonic() + settle
         while True:
@@ -88,7 +102,4 @@ def run_inner(tmp_path: Path):
         if inner.ret is None:
             inner.proc.kill()
             inner.proc.wait()
-        left = inner.leftovers()
-        for proc in left:
-            proc.kill()
-        assert not left, f"processes left behind by {inner.args}: {[p.cmdline() for p in left]}"
+        inner.require_nothing_left()

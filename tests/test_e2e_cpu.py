@@ -30,10 +30,7 @@ def full_run(tmp_path_factory):
     args = [str(TESTS_APC), "-m", "apc", "--cpu-node", "-v", "-rA", f"--apc-results-dir={root}/apc-results"]
     inner = InnerRun(args, root, timeout=3000).wait()
     yield inner, results(root)
-    left = inner.leftovers()
-    for proc in left:
-        proc.kill()
-    assert not left, f"left behind: {[p.cmdline() for p in left]}"
+    inner.require_nothing_left()
 
 
 def test_suite_passes_on_a_healthy_server(full_run) -> None:

@@ -27,10 +27,7 @@ def fleet_run(tmp_path_factory):
     ]  # fmt: skip
     inner = InnerRun(args, root, timeout=1200).wait()
     yield inner, results(root)
-    left = inner.leftovers()
-    for proc in left:
-        proc.kill()
-    assert not left, f"left behind: {[p.cmdline() for p in left]}"
+    inner.require_nothing_left()
 
 
 def _runs(data: dict) -> dict[str, dict]:

@@ -278,10 +278,7 @@ def test_sigterm_ignoring_server_with_children_leaves_nothing(suite, run_inner) 
 def test_interrupted_pytest_leaves_nothing(suite, run_inner, sig, phase, extra) -> None:
     inner = run_inner(*fake_args(*extra), "--apc-output-len=3000000", "--apc-startup-timeout=300", wait=False)
     marker = "apc-results/*/server-*.log" if phase == "startup" else "apc-results/*/bench/*.log"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not list(suite.glob(marker)):
-        time.sleep(0.2)
-    assert list(suite.glob(marker)), f"never reached the {phase} phase"
+    inner.wait_for(suite, marker, f"the {phase} phase")
     time.sleep(1.5)
     inner.proc.send_signal(sig)
     inner.wait()

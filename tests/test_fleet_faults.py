@@ -233,10 +233,7 @@ def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
 def test_interrupted_fleet_run_leaves_no_replica_or_router(tmp_path, run_inner, phase, extra) -> None:
     inner = run_inner(*fleet_args(*extra), "--apc-output-len=3000000", "--apc-startup-timeout=300", wait=False)
     marker = "apc-results/*/server-*-r2.log" if phase == "startup" else "apc-results/*/bench/*.log"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not list(tmp_path.glob(marker)):
-        time.sleep(0.2)
-    assert list(tmp_path.glob(marker)), f"never reached the {phase} phase"
+    inner.wait_for(tmp_path, marker, f"the {phase} phase", timeout=120)
     time.sleep(1.5)
     routers, replicas = _fleet_processes(tmp_path)
     assert len(replicas) == 2, [p.cmdline() for p in replicas]
