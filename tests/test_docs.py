@@ -433,7 +433,7 @@ def test_other_pages_quote_the_cpu_example() -> None:
     d = runs["D-c8"]
     block, hits, pred = d["prediction"]["block_size"], d["prefix_cache_hits"], d["prediction"]
     flat = _flat(not_faster)
-    assert f"{hits:,} / {block} = {hits // block} blocks in the example" in flat
+    assert f"{hits:,} / {block} = {hits // block} blocks in [the CPU example]" in flat
     assert f"which is {d['num_prompts'] - 1} requests x {pred['shared_blocks']} blocks" in flat
     assert f"the first should hit ({pred['shared_blocks']})" in flat
     assert f"is S ({pred['shared_prefix_tokens']})" in flat
