@@ -281,13 +281,3 @@ def test_fleet_png_shows_ttft_and_cold_prefills_per_route(fleet: SimpleNamespace
     written = plots.plots(fleet.data, tmp_path)
     assert written == [str(tmp_path / "fleet.png")]  # no pair rows: no ttft.png or cached_tokens.png
     assert (tmp_path / "fleet.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_the_fleet_table_in_docs_is_the_one_this_run_prints(fleet: SimpleNamespace) -> None:
-    """docs/results.md quotes the fixture's fleet table: it cannot drift from what the report prints."""
-    page = (Path(__file__).resolve().parent.parent / "docs" / "results.md").read_text()
-    section = page.split("\n## The fleet table\n", 1)[1]
-    quoted = section.split("```\n", 2)[1].splitlines()
-    view = ReportView.from_session(_session(fleet.s, fleet.measured), fleet.data)
-    printed = "\n".join(text for text, _ in terminal.summary_lines(view)[1:-1]).splitlines()
-    assert quoted == printed

@@ -37,7 +37,7 @@ def _num(value: Any, spec: str | None = None) -> str:
         return value
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, int) or abs(value) >= 100:
+    if isinstance(value, int) or abs(value) >= 100 or value == 0:  # a zero limit reads "0", not "0.00"
         return f"{value:,.0f}"
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
