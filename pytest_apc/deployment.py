@@ -112,11 +112,13 @@ def deployment_for(
         on_progress=progress,
         api_key=settings.api_key,
     )
+
+    def replica(index: int) -> Reach:
+        """A replica's own log, beside the others: server-<mode>-r<N>.log."""
+        return replace(how, log_path=run_dir / f"server-{mode.name}-r{index + 1}.log")
+
     if mode.fleet == EXTERNAL_FLEET:
-        replicas: list[Endpoint] = [
-            ExternalServer(mode, replace(how, log_path=run_dir / f"server-{mode.name}-r{i + 1}.log"), url)
-            for i, url in enumerate(settings.metrics_url)
-        ]
+        replicas: list[Endpoint] = [ExternalServer(mode, replica(i), url) for i, url in enumerate(settings.metrics_url)]
         return Fleet(mode, replicas, url=settings.fleet_url, log_path=replicas[0].log_path, progress=progress)
     url = external_url(mode, settings)
     if url:
@@ -124,10 +126,9 @@ def deployment_for(
     if mode.fleet == "router":
         gpus = replica_gpus(settings)
         replicas = [
-            launched_server(mode, settings, model, replace(how, log_path=run_dir / f"server-{mode.name}-r{i + 1}.log"),
-                            tensor_parallel=gpus[i][1], env_extra=gpus[i][0])
+            launched_server(mode, settings, model, replica(i), tensor_parallel=gpus[i][1], env_extra=gpus[i][0])
             for i in range(settings.replicas)
-        ]  # fmt: skip
+        ]
         router = Router(
             settings.router_command,
             settings.router_arg,
@@ -192,9 +193,7 @@ def replica_gpus(settings: Settings) -> list[tuple[dict[str, str], int]]:
     (an equal share of the visible ones, or --apc-tensor-parallel-size each); on CPU each its own cores."""
     count = settings.replicas
     if settings.profile == "gpu":
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        gpus = [v.strip() for v in visible.split(",") if v.strip()] if visible else [
-            str(i) for i in range(len(gpu_memory_used_mib() or []))]  # fmt: skip
+        gpus = visible_gpus()
         per = settings.tensor_parallel_size or max(1, len(gpus) // count)
         if per * count > len(gpus):
             raise ServerError(
@@ -241,10 +240,15 @@ def tensor_parallel_size(settings: Settings) -> int:
         return settings.tensor_parallel_size
     if settings.profile != "gpu":
         return 1
+    return max(1, len(visible_gpus()))
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else every GPU nvidia-smi lists."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
-        return len([v for v in visible.split(",") if v.strip()])
-    return max(1, len(gpu_memory_used_mib() or []))
+        return [v.strip() for v in visible.split(",") if v.strip()]
+    return [str(i) for i in range(len(gpu_memory_used_mib() or []))]
 
 
 def served_model(settings: Settings, progress: Callable[[str], None]) -> str:

@@ -145,10 +145,6 @@ def _count(run_id: str, name: str, d: Delta, p: Prediction) -> ReplicaCount:
     return ReplicaCount(name, d.requests, queries, hits, cold, unexplained)
 
 
-def of_run(run: RunRecord) -> list[Locality]:
-    return [of_repeat(run, repeat) for repeat in run.repeats]
-
-
 def promise_problems(locality: Locality) -> list[str]:
     """What the route promised and the counters contradict; [] when kept or when it promises nothing."""
     counts = [r.requests for r in locality.replicas]

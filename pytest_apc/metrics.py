@@ -94,14 +94,14 @@ def parse(text: str) -> Snapshot:
                 key = (sample.name, labels)
                 samples[key] = samples.get(key, 0.0) + float(sample.value)
                 if "engine" in sample.labels:
-                    engine = by_engine.setdefault(f"engine {sample.labels['engine']}", {})
+                    engine = by_engine.setdefault(sample.labels["engine"], {})
                     engine[key] = engine.get(key, 0.0) + float(sample.value)
     except (ValueError, TypeError, IndexError) as err:
         raise MetricsError(f"/metrics is not valid Prometheus text: {err}; first line: {text[:120]!r}") from err
     if not samples:
         raise MetricsError(f"/metrics has no samples; first line: {text[:120]!r}")
-    ranks = sorted(by_engine, key=lambda name: int(name.split()[-1]) if name.split()[-1].isdigit() else -1)
-    parts = {name: Snapshot(by_engine[name], cache_config) for name in ranks} if len(by_engine) > 1 else {}
+    ranks = sorted(by_engine, key=lambda rank: int(rank) if rank.isdigit() else -1)
+    parts = {f"engine {rank}": Snapshot(by_engine[rank], cache_config) for rank in ranks} if len(by_engine) > 1 else {}
     return Snapshot(samples, cache_config, parts)
 
 
