@@ -118,6 +118,12 @@ class RunRecord:
         values = [v for r in self.repeats for v in (r.bench.get(metric) or [])]
         return np.asarray(values, dtype=float) * 1000.0
 
+    def percentile_ms(self, metric: str, q: float, own: str) -> float | None:
+        """A percentile of every repeat's per-request values, as vLLM's bench computes its own (numpy); the
+        first repeat's own number ``own`` (e.g. ``p99_ttft_ms``) when the benchmark saved no per-request values."""
+        samples = self.samples_ms(metric)
+        return float(np.percentile(samples, q)) if samples.size else self.bench.get(own)
+
     def median_ms(self, metric: str = "ttfts") -> float:
         samples = self.samples_ms(metric)
         return float(np.median(samples)) if samples.size else float(self.bench["median_ttft_ms"])
@@ -147,13 +153,7 @@ class RunRecord:
         b = self.bench
         duration = self.duration_s
         d = self.delta
-        ttfts, e2els = self.samples_ms("ttfts"), self.samples_ms("latencies")
-
-        def pooled(samples: np.ndarray, q: float, own: str) -> float | None:
-            """A percentile of every repeat's per-request values, as vLLM's bench computes its own (numpy);
-            the first repeat's own number when the benchmark saved no per-request values."""
-            return float(np.percentile(samples, q)) if samples.size else b.get(own)
-
+        ttfts = self.samples_ms("ttfts")
         return {
             "id": self.key.id,
             "case": self.key.case,
@@ -174,10 +174,10 @@ class RunRecord:
             # Latencies and throughputs over every repeat.
             "median_ttft_ms": self.median_ms("ttfts"),
             "mean_ttft_ms": float(np.mean(ttfts)) if ttfts.size else b.get("mean_ttft_ms"),
-            "p99_ttft_ms": pooled(ttfts, 99, "p99_ttft_ms"),
+            "p99_ttft_ms": self.percentile_ms("ttfts", 99, "p99_ttft_ms"),
             "median_tpot_ms": _median([r.bench.get("median_tpot_ms") for r in self.repeats]),
-            "median_e2el_ms": pooled(e2els, 50, "median_e2el_ms"),
-            "p99_e2el_ms": pooled(e2els, 99, "p99_e2el_ms"),
+            "median_e2el_ms": self.percentile_ms("latencies", 50, "median_e2el_ms"),
+            "p99_e2el_ms": self.percentile_ms("latencies", 99, "p99_e2el_ms"),
             "input_throughput": self.per_second("total_input_tokens"),
             "output_throughput": self.per_second("total_output_tokens"),
             "request_throughput": self.per_second("completed"),

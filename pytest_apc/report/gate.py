@@ -254,7 +254,7 @@ def compare_documents(
 
 def _not_gated(doc: Mapping[str, Any], whose: str) -> str:
     """``: the fleet runs (R-c8-round_robin) are not gated ...`` for a document with fleet runs; else ""."""
-    ids = [str(row.get("id")) for row in doc.get("fleet") or [] if isinstance(row, dict)] or fleet_run_ids(doc)
+    ids = fleet_run_ids(doc)  # the fleet rows' runs too: every fleet run is in runs[] with its route
     if not ids:
         return ""
     return f": {whose} fleet runs ({', '.join(ids)}) are not gated (the gate compares OFF/ON pair rows only)"

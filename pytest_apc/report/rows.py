@@ -140,7 +140,7 @@ class FleetRow:
             "routing_cost": found.routing_cost if found else None,
             "median_ttft_ms": ttft.estimate if ttft else run.median_ms("ttfts"),
             "median_ttft_low_ms": ttft and ttft.low, "median_ttft_high_ms": ttft and ttft.high,
-            "p99_ttft_ms": run.to_json()["p99_ttft_ms"],
+            "p99_ttft_ms": run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
             "output_throughput": run.per_second("total_output_tokens"),
             "request_throughput": run.per_second("completed"),
             "passed": _fleet_passed(outcomes, run.key.id),
