@@ -71,12 +71,20 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _hash_algos(text: str) -> tuple[str, ...]:
-    values = tuple(part for part in text.replace(",", " ").split())
-    for value in values:
-        if value not in HASH_ALGOS:
-            raise ValueError(f"unknown hash algorithm {value!r} (choose from {', '.join(HASH_ALGOS)})")
-    return values
+def _names(what: str, choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    """A parser for a comma- or space-separated list of ``what``, each one of ``choices``."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(part for part in text.replace(",", " ").split())
+        for value in values:
+            if value not in choices:
+                raise ValueError(f"unknown {what} {value!r} (choose from {', '.join(choices)})")
+        return values
+
+    return parse
+
+
+_hash_algos = _names("hash algorithm", HASH_ALGOS)
 
 
 BASELINE_METRICS = ("ttft_on", "speedup", "cached_tokens")
@@ -110,11 +118,8 @@ ROUTER_POLICIES = (
 
 
 def _router_policies(text: str) -> tuple[str, ...]:
-    values = tuple(dict.fromkeys(part for part in text.replace(",", " ").split()))
-    for value in values:
-        if value not in ROUTER_POLICIES:
-            raise ValueError(f"unknown vllm-router policy {value!r} (choose from {', '.join(ROUTER_POLICIES)})")
-    return values
+    """Each policy once (one run per policy), in the order given."""
+    return tuple(dict.fromkeys(_names("vllm-router policy", ROUTER_POLICIES)(text)))
 
 
 def _profile(text: str) -> str:
