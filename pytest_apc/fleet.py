@@ -205,7 +205,6 @@ class Fleet:
         first = self.replicas[0].info
         self.info = ServerInfo(**{**asdict(first), "mode": self.mode.name, "url": self.url, "log": str(self.log_path)})
         self.info.members = [asdict(r.info) for r in self.replicas]
-        self.info.command = list(first.command)
         self.info.startup_s = round(time.monotonic() - started, 3)
         self._progress(f"{self.mode.name}: {len(self.replicas)} replicas ready in {self.info.startup_s:.0f} s")
         return self.info
@@ -258,9 +257,12 @@ class Fleet:
 
     # -- liveness -------------------------------------------------------------------------------------------
 
+    def _router_gone(self) -> bool:
+        """A router pytest-apc started (not only configured) that has exited."""
+        return self.router is not None and self.router.proc is not None and not self.router.alive()
+
     def alive(self) -> bool:
-        router_ok = self.router is None or self.router.proc is None or self.router.alive()
-        return router_ok and all(r.alive() for r in self.replicas)
+        return not self._router_gone() and all(r.alive() for r in self.replicas)
 
     def check_alive(self, doing: str) -> None:
         for index, replica in enumerate(self.replicas):
@@ -268,11 +270,11 @@ class Fleet:
                 replica.check_alive(doing)
             except ServerError as err:
                 raise ServerError(f"{self.name(index)} of the {self.mode.name} fleet: {err}") from None
-        if self.router is not None and self.router.proc is not None and not self.router.alive():
+        if self.router is not None and self._router_gone():
             raise self.router.failure(f"is not running {doing}")
 
     def watch(self) -> str | None:
-        if self.router is not None and self.router.proc is not None and not self.router.alive():
+        if self.router is not None and self._router_gone():
             return f"vllm-router ({self.router.policy}) exited; its log: {self.router.log_path}"
         for index, replica in enumerate(self.replicas):
             trouble = replica.watch()
