@@ -220,3 +220,57 @@ def test_the_terminal_summary_prints_the_compared_rows_and_the_failures(pytester
     assert lines[start + 3].endswith(" ok")
     assert lines[start + 4].endswith(" REGRESSED")
     assert lines[start + 5].startswith("FAIL baseline: C/D c8: cached tokens ")
+
+
+# Two runs of the same server and shape on different commits (the published H200 run and a later
+# re-run of its A-D at concurrency 8): D-c8's median TTFT moved from 342 to 533 ms, past a 10% limit,
+# while its per-request TTFTs show the same three waves with a median that lands between them.
+H200_RECHECK = H200_RESULTS.parent.parent / "h200-recheck" / "results.json"
+
+
+def _real(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def test_a_change_within_run_to_run_noise_is_said_not_failed() -> None:
+    old, new = _real(H200_RESULTS), _real(H200_RECHECK)
+    judged = gate.compare_documents(old, new, "h200.json", gate.tolerances_of(new))
+    assert judged.failures == []
+    (cd,) = [row for row in judged.rows if row["pair"] == "C/D"]
+    ttft_on = next(m for m in cd["metrics"] if m["metric"] == "ttft_on")
+    assert ttft_on["now"] > ttft_on["limit"]  # past the limit on the point values...
+    assert ttft_on["result"] == "within noise"
+    low, high = ttft_on["change"]
+    assert low <= ttft_on["allowed"] < high  # ...but the interval of the change reaches the allowed regression
+    assert cd["result"] == "ok"
+    said = "C/D c8: median TTFT ON (ms) 342 -> 533 is past the limit"
+    assert any(line.startswith(said) for line in judged.within_noise)
+    lines = [text for text, _ in terminal.gate_lines(judged.to_json())]
+    assert any(line.startswith("NOISE baseline: C/D c8: median TTFT ON") for line in lines)
+    assert "533 (<= 377) ~" in lines[1]
+
+
+def test_a_change_beyond_the_noise_fails() -> None:
+    """The same re-run with every TTFT of its D-c8 tripled (pair row and samples alike): the whole
+    interval of the change is past the limit."""
+    old, new = _real(H200_RESULTS), _real(H200_RECHECK)
+    (row,) = [r for r in new["pairs"] if r["pair"] == "C/D"]
+    row["median_ttft_on_ms"] *= 3
+    run = next(r for r in new["runs"] if r["id"] == "D-c8")
+    run["ttfts_ms"] = [3 * t for t in run["ttfts_ms"]]
+    judged = gate.compare_documents(old, new, "h200.json", gate.tolerances_of(new))
+    ttft, gain = judged.failures  # a D three times slower is also a smaller gain, beyond its noise too
+    assert ttft.startswith("C/D c8: median TTFT ON (ms) 342 -> 1,598 regressed by")
+    assert gain.startswith("C/D c8: TTFT gain OFF/ON 12.7 -> 8.31 regressed by")
+    assert all("the whole interval of the change" in failure for failure in judged.failures)
+    ttft_on = next(m for m in judged.rows[1]["metrics"] if m["metric"] == "ttft_on")
+    assert ttft_on["change"][0] > ttft_on["allowed"]
+
+
+def test_without_samples_the_point_values_decide() -> None:
+    """A file without per-request TTFTs (runs[] left out): the same change is a regression."""
+    old, new = _real(H200_RESULTS), _real(H200_RECHECK)
+    del new["runs"]
+    judged = gate.compare_documents(old, new, "h200.json", gate.tolerances_of(new))
+    assert any(f.startswith("C/D c8: median TTFT ON (ms) 342 -> 533 regressed by") for f in judged.failures)
+    assert judged.within_noise == []
