@@ -3,6 +3,7 @@ option pytest knows appears in it (and nothing else does)."""
 
 from __future__ import annotations
 
+import gzip
 import re
 from pathlib import Path
 
@@ -445,3 +446,125 @@ def test_other_pages_quote_the_cpu_example() -> None:
     assert {s["chat_header_tokens"] for s in _h200()[1]["servers"]} == {header}
     ratios = f"about {pairs['C/D']['hit_ratio'] * 100:.0f} % for C/D, {pairs['E/F']['hit_ratio'] * 100:.0f} % for E/F"
     assert ratios in glossary
+
+
+# The H200 fleet page: three external-fleet runs, one folder per router policy.
+H200_FLEET = DOCS / "results" / "h200-fleet"
+H200_FLEET_POLICIES = ("round_robin", "consistent_hash", "cache_aware")
+
+
+def _h200_fleet() -> tuple[str, dict[str, dict]]:
+    import json
+
+    docs = {p: json.loads((H200_FLEET / p / "results.json").read_text()) for p in H200_FLEET_POLICIES}
+    return (H200_FLEET / "README.md").read_text(), docs
+
+
+@pytest.mark.parametrize("policy", H200_FLEET_POLICIES)
+def test_h200_fleet_tables_are_the_ones_their_results_files_print(policy: str) -> None:
+    from pytest_apc.report.terminal import fleet_table
+
+    page, docs = _h200_fleet()
+    block = page[page.index(f"<!-- fleet-table {policy} -->") :].split("```")[1].strip("\n")
+    assert block == fleet_table(docs[policy]["fleet"])
+    assert all(v["passed"] for v in docs[policy]["verdicts"])  # "Every verdict passed"
+    # The run is "external" to the plugin: the folder and the router's own log say which policy it was.
+    router_log = gzip.decompress((H200_FLEET / policy / "router.log.gz").read_bytes())
+    assert f"Assigning policy {policy}".encode() in router_log
+
+
+def test_h200_fleet_prose_quotes_its_results_files() -> None:
+    page, docs = _h200_fleet()
+    flat = _flat(page)
+    rows = {p: d["fleet"][0] for p, d in docs.items()}
+    rr, ch, ca = rows["round_robin"], rows["consistent_hash"], rows["cache_aware"]
+    run = next(r for r in docs["round_robin"]["runs"] if r.get("route"))
+    pred, server = run["prediction"], docs["round_robin"]["servers"][0]
+    prefix = pred["shared_blocks"] * pred["block_size"]
+    header = server["chat_header_tokens"]
+    assert f"the chat template's {header}-token header plus the {run['prefix_len']:,}-token prefix" in flat
+    assert f"{pred['shared_blocks']:,} whole blocks of {pred['block_size']}, P = {prefix:,} tokens" in flat
+    assert f"Q = {pred['header_block_tokens']} tokens" in flat
+    assert f"= {rr['ideal_hits']:,} tokens" in flat
+    (per,) = set(rr["requests_per_replica"])
+    assert f"sent {per} requests to each replica" in flat
+    cost = f"{rr['cold_prefills']} cold prefills, {rr['extra_prefill_tokens']:,} extra prefill tokens, "
+    assert cost + f"{rr['routing_cost']:.1%} of what APC saves" in flat
+    (hits,) = {part["prefix_cache_hits"] for rep in run["repeat_counters"] for part in rep["parts"].values()}
+    assert f"Each replica hit {hits:,} tokens, the same in both repeats" in flat
+    pinned = ch["requests_per_replica"].index(docs["consistent_hash"]["settings"]["num_prompts"]) + 1
+    assert f"put all 30 requests on replica {pinned} in both repeats" in flat
+    assert f"{ch['cold_prefills']} cold prefills, exactly the hits of one server" in flat
+    assert ch["hits"] == ch["ideal_hits"]
+    first, second = ca["requests_per_replica"]
+    assert f"{first} requests (2 groups) on replica 1 and {second} (1 group) on replica 2" in flat
+    assert f"The {ca['extra_prefill_tokens']} extra prefill tokens are the header block" in flat
+    assert ca["cold_prefills"] == ca["ideal_cold_prefills"]
+    medians = {p: round(r["median_ttft_ms"]) for p, r in rows.items()}
+    order = sorted(medians, key=medians.__getitem__)
+    assert (order[0], order[-1]) == ("round_robin", "cache_aware")
+    assert f"lowest median ({medians['round_robin']} ms)" in flat
+    assert f"({medians['cache_aware']} ms)" in flat
+    widths = {p: r["median_ttft_high_ms"] - r["median_ttft_low_ms"] for p, r in rows.items()}
+    assert min(widths, key=widths.__getitem__) == "round_robin"  # "with the narrowest interval"
+    assert f"{server['num_gpu_blocks']:,} blocks of 16 = {server['kv_cache_size_tokens']:,} KV tokens" in flat
+    for doc in docs.values():
+        env = doc["environment"]
+        assert env["git_commit"][:7] in flat
+        assert f"vLLM {env['vllm']}, vllm-router {env['vllm_router']}" in flat
+        assert doc["settings"]["repeats"] == 2
+        assert doc["settings"]["prefix_groups"] == 3
+
+
+# The H200 re-run of A-D: its summary, and the gate against the full H200 run.
+H200_RECHECK = DOCS / "results" / "h200-recheck"
+
+
+def test_h200_recheck_summary_is_what_its_results_file_renders() -> None:
+    import json
+
+    from pytest_apc.report.terminal import summary_lines
+    from pytest_apc.report.view import ReportView
+
+    data = json.loads((H200_RECHECK / "results.json").read_text())
+    page = (H200_RECHECK / "README.md").read_text()
+    view = ReportView.from_document(data, "results.json")
+    rendered = [line for text, _ in summary_lines(view) for line in text.splitlines()]
+    assert _block_after(page, "<!-- recheck-summary -->") == rendered[:-1]  # all but the "results:" line
+    flat = _flat(page)
+    assert all(v["passed"] for v in data["verdicts"])
+    assert f"All 6 tests passed ({data['timing']['suite_elapsed_s']:.0f} s)" in flat
+    (cd,) = [p for p in data["pairs"] if p["pair"] == "C/D"]
+    assert f"exactly the predicted {cd['expected_cached_tokens']:,} tokens" in flat
+    assert cd["cached_tokens"] == cd["expected_cached_tokens"]
+    assert data["environment"]["git_commit"][:7] in flat
+
+
+def test_h200_recheck_gate_is_what_compare_prints(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    import json
+
+    from pytest_apc.__main__ import main
+
+    monkeypatch.chdir(REPO)
+    old_path, new_path = "docs/results/h200/results.json", "docs/results/h200-recheck/results.json"
+    assert main(["compare", old_path, new_path]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    page = (H200_RECHECK / "README.md").read_text()
+    assert _block_after(page, "<!-- recheck-gate -->") == printed
+    runs = {
+        name: {r["id"]: r for r in json.loads((REPO / path).read_text())["runs"]}
+        for name, path in (("old", old_path), ("new", new_path))
+    }
+    old_d, new_d = runs["old"]["D-c8"], runs["new"]["D-c8"]
+    flat = _flat(page)
+    assert f"went from {old_d['median_ttft_ms']:.0f} ms to {new_d['median_ttft_ms']:.0f} ms" in flat
+    assert round(old_d["wall_s"], 1) == round(new_d["wall_s"], 1)
+    assert f"the same wall time ({new_d['wall_s']:.1f} s in both runs)" in flat
+    assert old_d["prefix_cache_hits"] == new_d["prefix_cache_hits"]
+    for run in (old_d, new_d):  # "the first 8 requests wait ... (about 1.8 s in both runs)"
+        assert all(1.7e3 < t < 1.9e3 for t in run["ttfts_ms"][:8])
+    assert "(about 1.8 s in both runs)" in flat
+    results_page = _flat((DOCS / "results.md").read_text())
+    medians = f"{old_d['median_ttft_ms']:.0f} ms in one and {new_d['median_ttft_ms']:.0f} ms"
+    assert f"median TTFT of {medians}" in results_page
+    assert f"the same wall time ({new_d['wall_s']:.1f} s)" in results_page
