@@ -81,9 +81,8 @@ def parser() -> argparse.ArgumentParser:
         "gate a results file against a baseline results file",
         "Compare RESULTS with BASELINE by the rules of --apc-baseline: refused when they were measured under "
         "other conditions (profile, model name, workload settings, seed, APC-on block size) or share no "
-        "row; fails when a row's cached tokens, or beyond the run-to-run noise (a bootstrap interval over "
-        "both files' per-request TTFTs) its median TTFT ON or TTFT gain, regressed beyond the tolerance. "
-        "Prints every compared row (baseline -> now (limit)). Fleet runs (case R) have no OFF "
+        "row; fails when a row's median TTFT ON, TTFT gain or cached tokens regressed beyond the "
+        "tolerance. Prints every compared row (baseline -> now (limit)). Fleet runs (case R) have no OFF "
         "partner and are not compared.",
     )
     compare.add_argument("baseline", metavar="BASELINE", type=Path, help="the results.json to compare with")

@@ -391,7 +391,7 @@ class Settings:
         "",
         (
             "A results.json of an earlier run to compare with: regressions beyond --apc-baseline-tolerance fail "
-            "the session (TTFT metrics only when the bootstrap interval of the change is beyond it too)"
+            "the session"
         ),
         "PATH",
     )

@@ -1,6 +1,5 @@
-"""Statistics behind the timing verdicts, the report and the baseline gate: bootstrap intervals of a ratio
-of medians and of one median, and the bootstrap medians the gate's intervals of a change are read from
-(numpy, seeded)."""
+"""Statistics behind the timing verdicts and the report: bootstrap intervals of a ratio of medians and of
+one median (numpy, seeded)."""
 
 from __future__ import annotations
 
@@ -42,24 +41,17 @@ def ratio_of_medians(
     return Interval(float(np.median(num) / np.median(den)), float(low), float(high), confidence)
 
 
-def bootstrap_medians(values: np.ndarray, *, samples: int = 2000, seed: int = 0) -> np.ndarray:
-    """The medians of ``samples`` resamples of ``values`` (with replacement): the bootstrap distribution of
-    their median, from which intervals of the median and of differences between medians are read."""
+def median_interval(values: np.ndarray, *, samples: int = 2000, confidence: float = 0.95, seed: int = 0) -> Interval:
+    """median(values), with a percentile bootstrap interval: ``values`` resampled with replacement
+    ``samples`` times, the central ``confidence`` share of their medians (the fleet table's TTFT)."""
     data = np.asarray(values, dtype=float)
     if data.size == 0:
         raise ValueError("no samples (was the benchmark run with --save-detailed?)")
     rng = np.random.default_rng(seed)
-    medians: np.ndarray = np.median(data[rng.integers(0, data.size, size=(samples, data.size))], axis=1)
-    return medians
-
-
-def median_interval(values: np.ndarray, *, samples: int = 2000, confidence: float = 0.95, seed: int = 0) -> Interval:
-    """median(values), with a percentile bootstrap interval: ``values`` resampled with replacement
-    ``samples`` times, the central ``confidence`` share of their medians (the fleet table's TTFT)."""
-    medians = bootstrap_medians(values, samples=samples, seed=seed)
+    medians = np.median(data[rng.integers(0, data.size, size=(samples, data.size))], axis=1)
     alpha = (1 - confidence) / 2
     low, high = np.quantile(medians, [alpha, 1 - alpha])
-    return Interval(float(np.median(np.asarray(values, dtype=float))), float(low), float(high), confidence)
+    return Interval(float(np.median(data)), float(low), float(high), confidence)
 
 
 def fit_prefill_cost(lengths: list[float], seconds: list[float]) -> tuple[float, float] | None:

@@ -154,8 +154,6 @@ def test_compare_a_worse_run_fails_naming_the_row(capsys: pytest.CaptureFixture[
     worse = _doc(H200)
     c4 = next(row for row in worse["pairs"] if (row["pair"], row["concurrency"]) == ("C/D", 4))
     c4["median_ttft_on_ms"] *= 2
-    d4 = next(run for run in worse["runs"] if run["id"] == "D-c4")  # the samples the gate's interval reads
-    d4["ttfts_ms"] = [2 * t for t in d4["ttfts_ms"]]
     path = _write(tmp_path, "worse.json", worse)
     status, lines, _ = _cli(capsys, "compare", str(H200), str(path))
     assert status == 1
@@ -164,7 +162,6 @@ def test_compare_a_worse_run_fails_naming_the_row(capsys: pytest.CaptureFixture[
     failures = [line for line in lines if line.startswith("FAIL baseline: ")]
     assert len(failures) == 1
     assert failures[0].startswith("FAIL baseline: C/D c4: median TTFT ON (ms) 291 -> 582 regressed by 291")
-    assert "the whole interval of the change" in failures[0]
     assert lines[-1] == "baseline gate: FAILED"
 
     # The same rules as --apc-baseline-tolerance: a wide enough tolerance lets it pass.

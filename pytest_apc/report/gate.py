@@ -4,14 +4,8 @@ results file against another (``python -m pytest_apc compare``), by the same rul
 
 The gate fails the session when the baseline cannot be read, was measured under conditions that make its
 numbers incomparable (profile, model, lengths, prompts, block size), shares no row with this run, or when a
-row regressed beyond ``--apc-baseline-tolerance``. The timing metrics (median TTFT ON, the TTFT gain) are
-judged like the timing verdicts, on a bootstrap interval: a change counts as a regression only when the
-whole confidence interval of the change, drawn from both files' per-request TTFTs (``runs[].ttfts_ms``), is
-beyond the tolerance. A change past the limit whose interval still reaches it is *within noise*: said, not
-failed (at concurrency 8 one run's median TTFT can move by half between two runs of the same server). A
-file without samples is judged on its point values. Cached tokens are a count and judged as they are.
-Every compared row is kept, passing or not, so the terminal and ``results.json`` show what the gate looked
-at.
+row regressed beyond ``--apc-baseline-tolerance``. Every compared row is kept, passing or not, so the
+terminal and ``results.json`` show what the gate looked at.
 """
 
 from __future__ import annotations
@@ -23,13 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from pytest_apc.config import default_for, model_path_for_display
 from pytest_apc.report.rows import ReportData
 from pytest_apc.report.terminal import _num
 from pytest_apc.report.view import fleet_run_ids
-from pytest_apc.stats import bootstrap_medians
 
 if TYPE_CHECKING:
     from pytest_apc.session import ApcSession
@@ -68,7 +59,6 @@ class Gate:
     rows: list[dict[str, Any]] = field(default_factory=list)
     not_comparable: list[dict[str, Any]] = field(default_factory=list)  # {"what", "here", "there"}
     warnings: list[str] = field(default_factory=list)  # rows of this run the baseline lacks (not in to_json)
-    within_noise: list[str] = field(default_factory=list)  # changes past a limit whose interval reaches it
 
     @property
     def compared(self) -> int:
@@ -82,7 +72,6 @@ class Gate:
         return {
             "baseline": self.baseline,
             "failures": self.failures,
-            "within_noise": self.within_noise,
             "compared": self.compared,
             "regressed": self.regressed,
             "not_comparable": self.not_comparable,
@@ -160,62 +149,14 @@ def _row_names(rows: Any) -> str:
     return ", ".join(f"{pair} c{c}" for pair, c in names) or "none"
 
 
-def _ttft_samples(doc: Mapping[str, Any], run_id: str) -> np.ndarray | None:
-    """The per-request TTFTs of run ``run_id`` (repeats pooled; ids are unique, a hash-algorithm server's
-    runs carry its name), or None."""
-    for run in doc.get("runs") or []:
-        if isinstance(run, dict) and run.get("id") == run_id and run.get("ttfts_ms"):
-            return np.asarray(run["ttfts_ms"], dtype=float)
-    return None
-
-
-@dataclass(frozen=True)
-class Samples:
-    """Both files' runs, for the intervals of a change: the bootstrap settings of the file judged."""
-
-    old: Mapping[str, Any]
-    new: Mapping[str, Any]
-    confidence: float
-    draws: int
-
-    @classmethod
-    def of(cls, old: Mapping[str, Any], new: Mapping[str, Any]) -> Samples:
-        settings = new.get("settings") or {}
-        return cls(old, new, float(settings.get("confidence") or 0.95), int(settings.get("bootstrap_samples") or 2000))
-
-    def change(self, metric: str, row: Mapping[str, Any]) -> tuple[float, float] | None:
-        """The interval of how much worse ``metric`` got (> 0: worse), or None without samples."""
-        off_case, on_case = str(row["pair"]).split("/")
-        ids = [f"{off_case}-c{row['concurrency']}", f"{on_case}-c{row['concurrency']}"]
-        found = [_ttft_samples(doc, run_id) for doc in (self.old, self.new) for run_id in ids]
-        present = [values for values in found if values is not None]
-        if len(present) < len(found):
-            return None
-        # Each sample set drawn on its own (seeded) so the four medians vary independently.
-        old_off, old_on, new_off, new_on = (
-            bootstrap_medians(values, samples=self.draws, seed=i) for i, values in enumerate(present)
-        )
-        if metric == "ttft_on":
-            worse = new_on - old_on
-        elif metric == "speedup":
-            worse = old_off / old_on - new_off / new_on
-        else:
-            return None
-        alpha = (1 - self.confidence) / 2
-        low, high = np.quantile(worse, [alpha, 1 - alpha])
-        return float(low), float(high)
-
-
 def compare_rows(
     rows: list[dict[str, Any]],
     old_rows: dict[tuple[str, int], dict[str, Any]],
     tolerances: Mapping[str, tuple[str, float]],
     baseline: str,
-    samples: Samples | None = None,
-) -> tuple[list[dict[str, Any]], list[str], list[str]]:
-    """Each of ``rows`` that the baseline has, metric by metric; the failure messages of regressions, and
-    the changes past a limit that stayed within noise."""
-    compared, failures, noise = [], [], []
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each of ``rows`` that the baseline has, metric by metric; and the failure messages of regressions."""
+    compared, failures = [], []
     for row in rows:
         before = old_rows.get((row["pair"], row["concurrency"]))
         if before is None:
@@ -233,29 +174,17 @@ def compare_rows(
                 continue
             allowed = abs(was) * amount / 100 if kind == "%" else amount
             worse = (now - was) * direction  # > 0 means a regression
-            change = samples.change(metric, row) if samples and worse > allowed else None
-            result = "ok"
-            if worse > allowed:
-                result = "within noise" if change and change[0] <= allowed else "REGRESSED"
-            metrics.append({**entry, "allowed": allowed, "limit": was + direction * allowed, "change": change,
-                            "result": result})  # fmt: skip
-            said = f"{name}: {label} {_num(was)} -> {_num(now)}"
-            if result == "REGRESSED":
-                beyond = f"; the whole interval of the change, {_range(change)}, is past it" if change else ""
-                failures.append(f"{said} regressed by {_num(worse)} (allowed {tolerance}{beyond}) against {baseline}")
-            elif change:
-                noise.append(
-                    f"{said} is past the limit {_num(was + direction * allowed)}, but within noise: it got worse by "
-                    f"{_range(change)} at {samples.confidence if samples else 0.95:.0%} confidence, which reaches "
-                    f"the allowed {_num(allowed)}; not called a regression (more --apc-repeats narrow the interval)"
+            regressed = worse > allowed
+            metrics.append({**entry, "allowed": allowed, "limit": was + direction * allowed,
+                            "result": "REGRESSED" if regressed else "ok"})  # fmt: skip
+            if regressed:
+                failures.append(
+                    f"{name}: {label} {_num(was)} -> {_num(now)} regressed by {_num(worse)} (allowed {tolerance}) "
+                    f"against {baseline}"
                 )
         result = "REGRESSED" if any(m["result"] == "REGRESSED" for m in metrics) else "ok"
         compared.append({"pair": row["pair"], "concurrency": row["concurrency"], "metrics": metrics, "result": result})
-    return compared, failures, noise
-
-
-def _range(change: tuple[float, float] | None) -> str:
-    return f"{_num(change[0])}..{_num(change[1])}" if change else "-"
+    return compared, failures
 
 
 class UnreadableResults(Exception):
@@ -308,9 +237,7 @@ def compare_documents(
         gate.failures.append(f"not comparable with baseline {baseline}: {_difference_text(gate.not_comparable)}")
         return gate
     old_rows = {(r["pair"], r["concurrency"]): r for r in old["pairs"] if not r.get("hash_algo")}
-    gate.rows, gate.failures, gate.within_noise = compare_rows(
-        rows, old_rows, tolerances, baseline, Samples.of(old, new)
-    )
+    gate.rows, gate.failures = compare_rows(rows, old_rows, tolerances, baseline)
     if not gate.rows:
         gate.failures.append(
             f"no row of this run is in baseline {baseline}: this run has {_row_names(rows)}; "
@@ -342,7 +269,6 @@ def session_document(apc: ApcSession, data: ReportData) -> dict[str, Any]:
         "servers": [dict(info.__dict__) for info in apc.measured.servers.values()],
         "pairs": data.pair_numbers(),
         "fleet": data.fleet_numbers(),
-        "runs": [record.to_json() for record in apc.measured.records.values()],  # their TTFTs: the intervals
     }
 
 

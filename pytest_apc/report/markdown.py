@@ -73,7 +73,6 @@ def markdown(view: ReportView) -> str:
     lines.append(f"Verdicts: {len(view.verdicts) - len(failed)} passed, {len(failed)} failed.")
     lines += [f"- FAIL `{v.get('test')}`: {first_line(v.get('message'))}" for v in failed]
     lines += [f"- NOT MEASURED {run_id}: {first_line(error)}" for run_id, error in view.errors]
-    lines += [f"- NOISE baseline: {line}" for line in view.gate.get("within_noise") or []]
     lines += [f"- FAIL baseline: {line}" for line in view.gate.get("failures") or []]
     return "\n".join(lines) + "\n"
 

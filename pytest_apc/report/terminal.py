@@ -218,8 +218,6 @@ def gate_table(rows: list[dict[str, Any]]) -> str:
                 text += f" ({'<=' if m['metric'] == 'ttft_on' else '>='} {_num(m['limit'])})"
             if m["result"] == "REGRESSED":
                 text += " !"
-            elif m["result"] == "within noise":
-                text += " ~"
             cells.append(text)
         body.append([row["pair"], row["concurrency"], *cells, row["result"]])
     headers = ["pair", "c", "TTFT ON ms", "gain OFF/ON", "cached tokens", "vs baseline"]
@@ -259,7 +257,6 @@ def gate_lines(gate: Mapping[str, Any]) -> list[tuple[str, Markup]]:
             )
         )
         lines.append((gate_table(rows), {}))
-    lines += [(f"NOISE baseline: {line}", {"yellow": True}) for line in gate.get("within_noise") or []]
     lines += [(f"FAIL baseline: {line}", {"red": True, "bold": True}) for line in gate.get("failures") or []]
     return lines
 
