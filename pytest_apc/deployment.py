@@ -219,6 +219,16 @@ def cpu_core_chunks(settings: Settings, count: int) -> list[str]:
     return [",".join(map(str, chunk)) for chunk in chunks]
 
 
+def may_launch(settings: Settings, markexpr: str) -> bool:
+    """Whether this run may start a server on this node (and so must hold its GPU lock). With both
+    --apc-url-on and --apc-url-off nothing of the six cases is launched, but hash-algorithm servers always
+    are, and so are the fleet tests' replicas (unless --apc-fleet-url) whenever ``-m`` may select them."""
+    if not (settings.url_on and settings.url_off) or settings.hash_algos:
+        return True
+    fleet_selectable = not markexpr or "fleet" in markexpr  # "not fleet" too: erring towards the lock
+    return fleet_selectable and not settings.fleet_url
+
+
 def external_url(mode: ServerMode, settings: Settings) -> str:
     """The URL of a server run elsewhere for this mode, or "" to launch one (hash-algorithm servers and
     fleets always are; an external fleet is --apc-fleet-url)."""

@@ -197,3 +197,38 @@ def test_missing_vllm_bench_module_is_one_usage_line(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*needs vLLM's benchmark module vllm.benchmarks.serve*installed: *tested with*"])
     assert pytester.runpytest("--cpu-node", "--apc-server-command=/opt/vllm-serve").ret != (pytest.ExitCode.USAGE_ERROR)
+
+
+@pytest.mark.parametrize(
+    ("args", "locked"),
+    [
+        # Both URLs: the six cases launch nothing, but without -m the fleet tests would launch replicas.
+        ((), True),
+        (("-m", "apc"), False),
+        (("-m", "apc", "--apc-hash-algos=xxhash"), True),  # a hash-algorithm server is always launched
+        (("-m", "fleet"), True),
+        (("-m", "fleet", "--apc-fleet-url=http://127.0.0.1:9", *(["--apc-metrics-url=http://127.0.0.1:9"] * 2)), False),
+    ],
+)
+def test_the_gpu_node_lock_is_taken_whenever_the_run_may_launch_a_server(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], locked: bool
+) -> None:
+    """Another run holds this node's GPUs: a run that may start a server on them is refused at once; one
+    that only talks to servers elsewhere goes ahead."""
+    from pytest_apc import procs
+
+    lock_dir = pytester.path / "lockdir"
+    lock_dir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(lock_dir))  # the inner run's lock file lives in its temp folder
+    holder = procs.acquire_node_lock(lock_dir / procs.NODE_LOCK.name)
+    try:
+        pytester.makepyfile("def test_x(): pass")
+        result = pytester.runpytest_subprocess(
+            "--gpu-node", "--apc-model-shape=llama-3.1-8b",
+            "--apc-url-on=http://127.0.0.1:9", "--apc-url-off=http://127.0.0.1:9", "--collect-only", *args,
+        )  # fmt: skip
+    finally:
+        holder.close()
+    refused = "another pytest-apc run holds this node's GPUs" in result.stderr.str()
+    assert refused == locked, result.stderr.str()[-2000:]
+    assert (result.ret == pytest.ExitCode.USAGE_ERROR) == locked
