@@ -286,6 +286,10 @@ class Handler(BaseHTTPRequestHandler):
             ("POST", "/reset_prefix_cache"): lambda: self.reset(parse_qs(url.query)),
         }
         route = routes.get((method, url.path))
+        key = os.environ.get("VLLM_API_KEY")  # as vLLM: the /v1 routes want the bearer token, the rest do not
+        if route and key and url.path.startswith("/v1") and self.headers.get("Authorization") != f"Bearer {key}":
+            self.send_json(401, {"error": "Unauthorized"})
+            return
         if route is None:
             known = any(path == url.path for _, path in routes)
             self.send_json(405 if known else 404, {"detail": "Method Not Allowed" if known else "Not Found"})

@@ -191,6 +191,26 @@ def test_fleet_behind_vllm_router_is_accounted_replica_by_replica(tmp_path, run_
     assert verdicts[("prefix_locality", "R-c8-consistent_hash")]["numbers"]["cold_prefills"] == 3
 
 
+def test_an_api_key_reaches_every_replica_through_the_router(tmp_path, run_inner) -> None:
+    """Replicas launched with --apc-api-key answer /v1 only with the bearer token (as vLLM does with
+    VLLM_API_KEY): the benchmark sends it to vllm-router, which passes it on. The key is on no command
+    line and in no file."""
+    key = "sekrit-fleet-42"
+    inner = run_inner(*fleet_args(), f"--apc-api-key={key}")
+    assert inner.ret == 0, inner.output[-6000:]
+    data = results(tmp_path)
+    runs = {r["id"]: r for r in data["runs"]}
+    assert set(runs) == {"R-c8-round_robin", "R-c8-consistent_hash"}
+    for run in runs.values():
+        assert sum(p["requests"] for p in run["repeat_counters"][0]["parts"].values()) == run["num_prompts"]
+        assert key not in run["repeat_counters"][0]["router_command"]
+    assert all(key not in " ".join(member["command"]) for member in data["servers"][0]["members"])
+    for path in tmp_path.glob("apc-results/**/*"):
+        if path.is_file() and path.suffix in (".json", ".md", ".log"):
+            assert key not in path.read_text(errors="replace"), path
+    assert key not in inner.output
+
+
 def _fleet_processes(run_dir) -> tuple[list[psutil.Process], list[psutil.Process]]:
     """(vllm-router processes, fake replicas) of the pytest run working in ``run_dir``. Found by their
     working directory: vllm-router writes its process title ("vllm::router") over its environment, so the
