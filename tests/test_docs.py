@@ -582,3 +582,33 @@ def test_h200_recheck_gate_is_what_compare_prints(monkeypatch: pytest.MonkeyPatc
     old_ids, new_ids = list(runs["old"]), list(runs["new"])
     assert old_ids.index("D-c4") < old_ids.index("D-c8")  # "D at concurrency 8 ran after D at 1, 2 and 4"
     assert new_ids[new_ids.index("D-c8") - 2 : new_ids.index("D-c8")] == ["B-c8", "C-c8"]  # on ON: after B
+
+
+def test_h200_recheck_order_table_is_the_three_runs() -> None:
+    """The third run (D alone at 1, 2, 4, then 8) and the full run, as the page's table shows them."""
+    import json
+
+    page = (H200_RECHECK / "README.md").read_text()
+    full = {r["id"]: r for r in json.loads((DOCS / "results" / "h200" / "results.json").read_text())["runs"]}
+    third_doc = json.loads((H200_RECHECK / "order" / "results.json").read_text())
+    third = {r["id"]: r for r in third_doc["runs"]}
+    assert list(third) == ["D-c1", "D-c2", "D-c4", "D-c8"]  # in this order, as in the full run
+    table = _block_after_marker_table(page, "<!-- order-table -->")
+    for label, runs in (("full run", full), ("third run", third)):
+        cells = " | ".join(f"{runs[f'D-c{c}']['median_ttft_ms']:.0f}" for c in (1, 2, 4, 8))
+        assert f"| {label} | {cells} |" in table
+    assert all(v["passed"] for v in third_doc["verdicts"])
+    assert len(third_doc["verdicts"]) == 4  # "4 passed"
+    assert all(r["prefix_cache_hits"] == full["D-c8"]["prefix_cache_hits"] for r in third.values())
+    for c in (1, 2, 4):  # "at concurrency 1 to 4 ... as fast as the full run or faster"
+        assert third[f"D-c{c}"]["median_ttft_ms"] <= full[f"D-c{c}"]["median_ttft_ms"]
+    command = " ".join(third_doc["environment"]["argv"])
+    assert "-k cached_tokens_independent and D-c --gpu-node --apc-model-shape llama-3.1-8b" in command
+    assert "reset_external=true" in third["D-c8"]["reset"]
+    assert "reset_external" not in full["D-c8"]["reset"]
+
+
+def _block_after_marker_table(page: str, marker: str) -> list[str]:
+    """The Markdown table right after ``marker``: its lines up to the first blank one."""
+    lines = page[page.index(marker) :].splitlines()[1:]
+    return lines[: lines.index("")]
