@@ -219,14 +219,31 @@ def cpu_core_chunks(settings: Settings, count: int) -> list[str]:
     return [",".join(map(str, chunk)) for chunk in chunks]
 
 
+# Markers a fleet test never carries (the plugin marks a routed test fleet, never apc).
+NOT_ON_FLEET_TESTS = frozenset({"apc", "overhead", "pure", "rag", "sweep", "hash_algo"})
+
+
 def may_launch(settings: Settings, markexpr: str) -> bool:
     """Whether this run may start a server on this node (and so must hold its GPU lock). With both
-    --apc-url-on and --apc-url-off nothing of the six cases is launched, but hash-algorithm servers always
-    are, and so are the fleet tests' replicas (unless --apc-fleet-url) whenever ``-m`` may select them."""
+    --apc-url-on and --apc-url-off the six cases launch nothing; hash-algorithm servers are never taken
+    from a URL (--apc-hash-algos), and fleet replicas are launched unless --apc-fleet-url, whenever
+    ``-m`` may select a fleet test. Known before collection, so decided on the expression: a test marked
+    fleet, with any marker of the user's, and none of the plugin's others (an unknown name might be on a
+    fleet test: erring towards the lock)."""
     if not (settings.url_on and settings.url_off) or settings.hash_algos:
         return True
-    fleet_selectable = not markexpr or "fleet" in markexpr  # "not fleet" too: erring towards the lock
-    return fleet_selectable and not settings.fleet_url
+    if settings.fleet_url or not markexpr:
+        return not settings.fleet_url
+    try:
+        from _pytest.mark.expression import Expression  # pytest's own -m parser
+
+        def on_a_fleet_test(name: str, /, **_: str | int | bool | None) -> bool:
+            return name not in NOT_ON_FLEET_TESTS
+
+        fleet_selectable = Expression.compile(markexpr).evaluate(on_a_fleet_test)
+    except Exception:  # noqa: BLE001 - an expression pytest will reject itself, or another pytest: lock
+        fleet_selectable = True
+    return bool(fleet_selectable)
 
 
 def external_url(mode: ServerMode, settings: Settings) -> str:

@@ -221,11 +221,13 @@ def _runs_of(item: pytest.Item) -> list[RunKey]:
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Every test that uses APC measurements is an ``apc`` test, marked or not (before -m selects); a
-    ``fleet`` test stays out of ``-m apc`` (it needs a router and several replicas)."""
-    uses_apc = bool(_keys_of(item)) or "apc_session" in getattr(item, "fixturenames", ())
+    """Every test that uses APC measurements is an ``apc`` test, marked or not (before -m selects); one
+    whose runs are routed (case R) is a ``fleet`` test instead and stays out of ``-m apc`` (it needs a
+    router and several replicas)."""
+    keys = _keys_of(item)
+    uses_apc = bool(keys) or "apc_session" in getattr(item, "fixturenames", ())
     if uses_apc and not _measures(item):
-        item.add_marker(pytest.mark.apc)
+        item.add_marker(pytest.mark.fleet if any(key.route for key in keys) else pytest.mark.apc)
 
 
 def _measures(item: pytest.Item) -> bool:

@@ -168,7 +168,7 @@ def acquire_node_lock(path: Path = NODE_LOCK) -> IO[str]:
         handle.close()
         raise RuntimeError(
             f"another pytest-apc run holds this node's GPUs ({holder}; lock {path}): wait for it to finish, "
-            "or validate servers that run elsewhere with --apc-url-on/--apc-url-off"
+            "or validate servers that run elsewhere with --apc-url-on/--apc-url-off and -m apc (nothing launched)"
         ) from None
     handle.seek(0)
     handle.truncate()

@@ -205,7 +205,10 @@ def test_missing_vllm_bench_module_is_one_usage_line(
         # Both URLs: the six cases launch nothing, but without -m the fleet tests would launch replicas.
         ((), True),
         (("-m", "apc"), False),
-        (("-m", "apc", "--apc-hash-algos=xxhash"), True),  # a hash-algorithm server is always launched
+        (("-m", "pure or overhead"), False),
+        (("-m", "not fleet"), False),
+        (("-m", "my_release_gate"), True),  # a marker of the user's could be on a fleet test
+        (("-m", "apc", "--apc-hash-algos=xxhash"), True),  # hash-algorithm servers never come from a URL
         (("-m", "fleet"), True),
         (("-m", "fleet", "--apc-fleet-url=http://127.0.0.1:9", *(["--apc-metrics-url=http://127.0.0.1:9"] * 2)), False),
     ],
@@ -232,3 +235,26 @@ def test_the_gpu_node_lock_is_taken_whenever_the_run_may_launch_a_server(
     refused = "another pytest-apc run holds this node's GPUs" in result.stderr.str()
     assert refused == locked, result.stderr.str()[-2000:]
     assert (result.ret == pytest.ExitCode.USAGE_ERROR) == locked
+
+
+def test_an_unmarked_fleet_test_is_a_fleet_test_not_an_apc_one(pytester: pytest.Pytester) -> None:
+    """A test of the user's on case R without a marker is marked fleet: -m apc (which launches no replicas
+    and, with both --apc-url-*, takes no GPU lock) must not select it."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.apc_cases("R", fleet=True)
+        def test_my_fleet(apc_run):
+            pass
+
+        @pytest.mark.apc_cases("D")
+        def test_my_pure(apc_run):
+            pass
+        """
+    )
+    fleet = pytester.runpytest("--cpu-node", "-m", "fleet", "--collect-only", "-q")
+    fleet.stdout.fnmatch_lines(["*test_my_fleet[R-c8-round_robin]*", "*2/3 tests collected (1 deselected)*"])
+    apc = pytester.runpytest("--cpu-node", "-m", "apc", "--collect-only", "-q")
+    apc.stdout.fnmatch_lines(["*test_my_pure[D-c8]*", "*1/3 tests collected (2 deselected)*"])
+    assert "test_my_fleet" not in apc.stdout.str()
