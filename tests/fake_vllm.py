@@ -543,6 +543,8 @@ def on_sigterm(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log(f"INFO fake vLLM starting (pid={PID})")
+    if os.environ.get("VLLM_API_KEY"):
+        log("INFO fake: an API key is required on the /v1 routes (VLLM_API_KEY)")
     if args.fake_model_tokenizer:
         use_model_tokenizer(args.model)
     for _ in range(args.fake_children):  # before SIG_IGN: an ignored disposition survives exec

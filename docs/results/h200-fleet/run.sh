@@ -9,7 +9,6 @@
 set -euo pipefail
 . /tmp/site/ENV.sh
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 VLLM_SERVER_DEV_MODE=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=/tmp/router:/tmp/apcrepo${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/router/bin:$PATH
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -25,7 +24,7 @@ wait_health() {  # wait_health PORT LOG PID
 case "$1" in
 setup)
   rm -rf /tmp/apcrepo && cp -r "$(pwd)" /tmp/apcrepo
-  python3 -m pip install -q --no-deps --no-index --target /tmp/router .gpu/router/*.whl
+  python3 -m pip install -q --target /tmp/router vllm-router==0.1.17  # the run installed this wheel from a file
   vllm-router --help >/dev/null && echo "vllm-router ok"
   model=$(cd /tmp/apcrepo && python3 -m pytest_apc.tinymodel llama-3.1-8b)
   echo "$model" > /tmp/model.path
