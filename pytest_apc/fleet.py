@@ -121,7 +121,6 @@ class Router:
                     return
             if time.monotonic() > deadline:
                 raise self.failure(f"did not answer /health within {self.startup_timeout:.0f} s")
-            procs.raise_if_interrupted()
             time.sleep(0.3)
 
     def failure(self, what: str) -> RouterError:

@@ -31,7 +31,7 @@ from pytest_apc.verdict import Pair, Verdict, not_comparable
 
 SETTINGS_KEY = pytest.StashKey[apc_config.Settings]()
 SESSION_KEY = pytest.StashKey[ApcSession]()
-SIGNALS_KEY = pytest.StashKey[dict[int, Any]]()  # the handlers replaced, to put back at unconfigure
+SIGTERM_KEY = pytest.StashKey[Any]()
 VERDICTS_KEY = pytest.StashKey[list[Verdict]]()
 NODE_LOCK_KEY = pytest.StashKey[IO[str]]()
 DESELECTED_KEY = pytest.StashKey[list[pytest.Item]]()
@@ -70,10 +70,8 @@ def _is_worker(config: pytest.Config) -> bool:
 
 
 def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
-    # pytest runs no finalizers on SIGTERM (pytest#5243); as KeyboardInterrupt, servers are stopped. Also
-    # for SIGINT: remembered, so that a KeyboardInterrupt Python drops (raised inside a __del__) is raised
-    # again by the next wait loop instead of the run going on.
-    procs.interrupt(signum)
+    # pytest runs no finalizers on SIGTERM (pytest#5243); as KeyboardInterrupt, servers are stopped.
+    raise KeyboardInterrupt(f"received signal {signum}")
 
 
 @pytest.hookimpl(trylast=True)
@@ -96,12 +94,10 @@ def pytest_configure(config: pytest.Config) -> None:
         procs.configure()
         atexit.register(procs.reap)
     if threading.current_thread() is threading.main_thread():
-        replaced = config.stash.setdefault(SIGNALS_KEY, {})
-        for signum, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
-            previous = signal.getsignal(signum)
-            if previous in (default, None):  # only Python's own: a handler someone installed stays
-                replaced[signum] = previous
-                signal.signal(signum, _raise_keyboard_interrupt)
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous in (signal.SIG_DFL, None):
+            config.stash[SIGTERM_KEY] = previous
+            signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     redaction.register(settings.api_key)
     if settings.profile == "gpu" and not _is_worker(config) and deployment.may_launch(settings, config.option.markexpr):
         try:
@@ -391,6 +387,5 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         procs.reap()
     if NODE_LOCK_KEY in config.stash:
         config.stash[NODE_LOCK_KEY].close()
-    if SIGNALS_KEY in config.stash and threading.current_thread() is threading.main_thread():
-        for signum, previous in config.stash[SIGNALS_KEY].items():
-            signal.signal(signum, previous or signal.SIG_DFL)
+    if SIGTERM_KEY in config.stash and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, config.stash[SIGTERM_KEY] or signal.SIG_DFL)

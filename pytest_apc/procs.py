@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -37,29 +36,6 @@ OWNER_ENV = "PYTEST_APC_OWNER"
 # Set by configure(): the controller creates both, xdist workers receive them through workerinput.
 # Deliberately not exported to os.environ: a nested pytest (the plugin's own tests) must get its own.
 _state: dict[str, str] = {}
-
-
-# The signal (SIGINT, SIGTERM) that asked this run to stop, until a wait loop has acted on it. A signal
-# handler's KeyboardInterrupt that lands inside a __del__ or a garbage-collection callback is printed and
-# dropped by Python ("Exception ignored in ..."), and the run would go on as if never interrupted; the
-# loops that wait on servers and benchmarks raise it again from here.
-_interrupted: int | None = None
-
-
-def interrupt(signum: int) -> None:
-    """Raise KeyboardInterrupt for ``signum`` now, and remember it for :func:`raise_if_interrupted`."""
-    global _interrupted
-    _interrupted = signum
-    raise KeyboardInterrupt(f"received signal {signum}")
-
-
-def raise_if_interrupted() -> None:
-    """In the main thread, raise the KeyboardInterrupt of a signal whose first raise may have been lost
-    (once); elsewhere, and when no signal came, nothing."""
-    global _interrupted
-    if _interrupted is not None and threading.current_thread() is threading.main_thread():
-        signum, _interrupted = _interrupted, None
-        raise KeyboardInterrupt(f"received signal {signum}")
 
 
 def configure(tag: str | None = None, registry: str | None = None) -> tuple[str, str]:

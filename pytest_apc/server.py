@@ -356,7 +356,6 @@ class Endpoint:
             if waiting_for == "":
                 self.info.startup_s = round(time.monotonic() - started, 3)
                 return
-            procs.raise_if_interrupted()
             time.sleep(0.5)
 
     def _readiness_step(self) -> str:

@@ -108,33 +108,3 @@ def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypat
     finally:
         srv.stop()
         busy.close()
-
-
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the drop, as pytest sees it
-def test_a_dropped_keyboard_interrupt_is_raised_again_by_the_next_wait_loop() -> None:
-    """A signal that arrives while Python runs a __del__ raises KeyboardInterrupt there, and Python drops
-    it ("Exception ignored in"); the run would go on. The wait loops raise it again, once, in the main
-    thread only."""
-    import signal
-    import threading
-
-    class Finalized:
-        def __del__(self) -> None:
-            procs.interrupt(signal.SIGINT)  # what the plugin's handler does when the signal lands here
-
-    Finalized()  # collected at once: its KeyboardInterrupt is printed and dropped
-    elsewhere: list[BaseException] = []
-
-    def in_a_thread() -> None:
-        try:
-            procs.raise_if_interrupted()
-        except BaseException as err:  # noqa: BLE001 - the assertion below names it
-            elsewhere.append(err)
-
-    thread = threading.Thread(target=in_a_thread)
-    thread.start()
-    thread.join()
-    assert elsewhere == []  # not in a replica's start-up thread: the main thread's loop acts on it
-    with pytest.raises(KeyboardInterrupt, match=f"received signal {int(signal.SIGINT)}"):
-        procs.raise_if_interrupted()
-    procs.raise_if_interrupted()  # once: the teardown that follows must not be interrupted again
