@@ -276,13 +276,17 @@ def test_sigterm_ignoring_server_with_children_leaves_nothing(suite, run_inner) 
     ],
 )
 def test_interrupted_pytest_leaves_nothing(suite, run_inner, sig, phase, extra) -> None:
+    if signal.getsignal(sig) is signal.SIG_IGN:
+        # A background job of a non-interactive shell (`cmd &`) ignores SIGINT, and so does every process it
+        # starts, the inner pytest included: a Ctrl-C cannot reach it from here.
+        pytest.skip(f"{signal.Signals(sig).name} is ignored by this process (a background job?)")
     inner = run_inner(*fake_args(*extra), "--apc-output-len=3000000", "--apc-startup-timeout=300", wait=False)
     marker = "apc-results/*/server-*.log" if phase == "startup" else "apc-results/*/bench/*.log"
     inner.wait_for(suite, marker, f"the {phase} phase")
     time.sleep(1.5)
     inner.proc.send_signal(sig)
     inner.wait()
-    assert inner.ret != 0
+    assert inner.ret != 0, inner.output[-4000:]
     assert not inner.leftovers(), "interrupted run left processes behind"
 
 
