@@ -30,6 +30,9 @@ FAMILIES = ("overhead", "pure", "rag", "fleet")
 PAIRS = {"B": "A", "D": "C", "F": "E"}
 CASE_FAMILY = {"A": "overhead", "B": "overhead", "C": "pure", "D": "pure", "E": "rag", "F": "rag", "R": "fleet"}
 CASE_APC = {"A": False, "B": True, "C": False, "D": True, "E": False, "F": True, "R": True}
+# The markers of the suite's test families (tests_apc), beside apc: a case family's, or the sweep's, or the
+# hash-algorithm comparison's.
+FAMILY_MARKERS = (*FAMILIES, "sweep", "hash_algo")
 CASE_PURPOSE = {
     "A": "baseline, no shared prefix",
     "B": "APC overhead (A ~ B expected)",

@@ -30,7 +30,14 @@ from pathlib import Path
 from typing import Protocol
 
 from pytest_apc import metrics
-from pytest_apc.cases import DATA_PARALLEL, EXTERNAL_FLEET, ServerMode, ceil_div, longest_request_tokens
+from pytest_apc.cases import (
+    DATA_PARALLEL,
+    EXTERNAL_FLEET,
+    FAMILY_MARKERS,
+    ServerMode,
+    ceil_div,
+    longest_request_tokens,
+)
 from pytest_apc.config import Settings
 from pytest_apc.fleet import Fleet, Router
 from pytest_apc.records import ServerInfo
@@ -220,7 +227,7 @@ def cpu_core_chunks(settings: Settings, count: int) -> list[str]:
 
 
 # Markers a fleet test never carries (the plugin marks a routed test fleet, never apc).
-NOT_ON_FLEET_TESTS = frozenset({"apc", "overhead", "pure", "rag", "sweep", "hash_algo"})
+NOT_ON_FLEET_TESTS = frozenset({"apc", *FAMILY_MARKERS} - {"fleet"})
 
 
 def may_launch(settings: Settings, markexpr: str) -> bool:
@@ -232,8 +239,10 @@ def may_launch(settings: Settings, markexpr: str) -> bool:
     fleet test: erring towards the lock)."""
     if not (settings.url_on and settings.url_off) or settings.hash_algos:
         return True
-    if settings.fleet_url or not markexpr:
-        return not settings.fleet_url
+    if settings.fleet_url:
+        return False
+    if not markexpr:
+        return True
     try:
         from _pytest.mark.expression import Expression  # pytest's own -m parser
 

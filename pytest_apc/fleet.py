@@ -257,12 +257,13 @@ class Fleet:
 
     # -- liveness -------------------------------------------------------------------------------------------
 
-    def _router_gone(self) -> bool:
-        """A router pytest-apc started (not only configured) that has exited."""
-        return self.router is not None and self.router.proc is not None and not self.router.alive()
+    def _router_gone(self) -> Router | None:
+        """The router pytest-apc started (not only configured) if it has exited; else None."""
+        router = self.router
+        return router if router is not None and router.proc is not None and not router.alive() else None
 
     def alive(self) -> bool:
-        return not self._router_gone() and all(r.alive() for r in self.replicas)
+        return self._router_gone() is None and all(r.alive() for r in self.replicas)
 
     def check_alive(self, doing: str) -> None:
         for index, replica in enumerate(self.replicas):
@@ -270,12 +271,14 @@ class Fleet:
                 replica.check_alive(doing)
             except ServerError as err:
                 raise ServerError(f"{self.name(index)} of the {self.mode.name} fleet: {err}") from None
-        if self.router is not None and self._router_gone():
-            raise self.router.failure(f"is not running {doing}")
+        gone = self._router_gone()
+        if gone is not None:
+            raise gone.failure(f"is not running {doing}")
 
     def watch(self) -> str | None:
-        if self.router is not None and self._router_gone():
-            return f"vllm-router ({self.router.policy}) exited; its log: {self.router.log_path}"
+        gone = self._router_gone()
+        if gone is not None:
+            return f"vllm-router ({gone.policy}) exited; its log: {gone.log_path}"
         for index, replica in enumerate(self.replicas):
             trouble = replica.watch()
             if trouble:

@@ -23,7 +23,7 @@ import pytest
 
 from pytest_apc import config as apc_config
 from pytest_apc import deployment, procs, redaction, report
-from pytest_apc.cases import CASE_APC, RunKey
+from pytest_apc.cases import CASE_APC, FAMILY_MARKERS, RunKey
 from pytest_apc.plan import TestUse, unused_settings
 from pytest_apc.records import MeasurementError, RunRecord
 from pytest_apc.session import ApcSession
@@ -58,7 +58,6 @@ MARKERS = (
     "fleet: case R on replicas behind a router (vllm-router policies, data parallel, an external fleet); "
     "not part of -m apc: select with -m fleet",
 )
-FAMILY_MARKERS = ("overhead", "pure", "rag", "sweep", "hash_algo", "fleet")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -594,7 +594,7 @@ def test_h200_recheck_order_table_is_the_three_runs() -> None:
     import json
 
     page = (H200_RECHECK / "README.md").read_text()
-    full = {r["id"]: r for r in json.loads((DOCS / "results" / "h200" / "results.json").read_text())["runs"]}
+    full = {r["id"]: r for r in _h200()[1]["runs"]}
     third_doc = json.loads((H200_RECHECK / "order" / "results.json").read_text())
     third = {r["id"]: r for r in third_doc["runs"]}
     assert _measured_on(H200_RECHECK / "order" / "pytest.log", "apc-on") == ["D-c1", "D-c2", "D-c4", "D-c8"]
