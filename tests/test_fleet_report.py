@@ -190,11 +190,11 @@ def test_summary_md_shows_the_fleet_table(fleet: SimpleNamespace) -> None:
     assert "Verdicts: 4 passed, 0 failed." in lines
 
 
-def test_a_schema_version_3_document_validates(fleet: SimpleNamespace) -> None:
+def test_a_fleet_document_validates(fleet: SimpleNamespace) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     doc = json.loads(json.dumps(_document(fleet.s, fleet.measured, fleet.data), default=str))
-    assert doc["schema_version"] == results.SCHEMA_VERSION == 3
-    assert 3 in results.SCHEMA_VERSIONS
+    assert doc["schema_version"] == results.SCHEMA_VERSION == 4
+    assert 3 in results.SCHEMA_VERSIONS and 4 in results.SCHEMA_VERSIONS
     schema = json.loads(SCHEMA_PATH.read_text())
     jsonschema.validate(doc, schema)
     assert [row["id"] for row in doc["fleet"]] == ["R-c8-consistent_hash", "R-c8-round_robin"]
@@ -227,7 +227,7 @@ def test_report_prints_the_fleet_table_of_a_results_file(
     path = _write(tmp_path, "results.json", _document(fleet.s, fleet.measured, fleet.data))
     status, lines = _cli(capsys, "report", str(path))
     assert status == 0
-    assert lines[0].startswith("apc validation: schema_version 3, started 2026-12-01")
+    assert lines[0].startswith("apc validation: schema_version 4, started 2026-12-01")
     view = ReportView.from_session(_session(fleet.s, fleet.measured, str(path)), fleet.data)
     live = [text for text, _ in terminal.summary_lines(view)]
     assert lines[1:] == "\n".join(live).splitlines()  # as the run printed it

@@ -95,7 +95,7 @@ class ControllerReporter:
         apc.write_json(
             extra={
                 "verdicts": blocks.pop("verdicts"),
-                "environment": environment(apc),
+                "environment": environment(apc.measured.servers, apc.run_dir.parent),
                 **blocks,
                 "files": {"json": str(apc.json_path), "markdown": str(md_path), "plots": written},
             }

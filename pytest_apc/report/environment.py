@@ -1,4 +1,8 @@
-"""Where this ran: versions, devices, commit (the ``environment`` block of results.json)."""
+"""Where this ran: versions, devices, parallel layout, commit (the ``environment`` block of results.json).
+
+The baseline gate reads it: another GPU model or count, tensor- or data-parallel size, dtype or KV-cache
+dtype makes two runs incomparable; another vLLM or torch version is what a release gate compares.
+"""
 
 from __future__ import annotations
 
@@ -9,33 +13,92 @@ import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import pytest_apc
-from pytest_apc.session import ApcSession
+from pytest_apc.records import ServerInfo
+
+# Server flags that set the layout and precision, with vLLM's short forms, and what they default to.
+LAYOUT_FLAGS = {
+    "tensor_parallel_size": (("--tensor-parallel-size", "-tp"), "1"),
+    "data_parallel_size": (("--data-parallel-size", "-dp"), "1"),
+    "dtype": (("--dtype",), "auto"),
+    "kv_cache_dtype": (("--kv-cache-dtype",), "auto"),
+}
 
 
-def environment(apc: ApcSession) -> dict[str, Any]:
-    """Where this ran: versions, devices, commit."""
+def _run(*cmd: str) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
 
-    def run(*cmd: str) -> str | None:
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out or None
 
-    versions = sorted({info.version for info in apc.measured.servers.values() if info.version})
-    router = None
-    if any(info.members for info in apc.measured.servers.values()):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            router = importlib.metadata.version("vllm-router")
-    gpus = run("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
+def flag_value(command: Sequence[str], names: Sequence[str]) -> str | None:
+    """The value of the last of ``names`` on a command line (``--flag V`` or ``--flag=V``), as argparse
+    keeps the last; None when absent."""
+    found = None
+    for i, part in enumerate(command):
+        for name in names:
+            if part == name and i + 1 < len(command):
+                found = command[i + 1]
+            elif part.startswith(name + "="):
+                found = part.split("=", 1)[1]
+    return found
+
+
+def server_layout(info: ServerInfo) -> dict[str, str | None]:
+    """Tensor- and data-parallel size, dtype and KV-cache dtype of one server: from its command line when
+    pytest-apc launched it (vLLM's default when the flag is absent); the KV-cache dtype from
+    ``vllm:cache_config_info`` when the server published it; None where nothing tells (an external server)."""
+    layout: dict[str, str | None] = {}
+    for key, (names, default) in LAYOUT_FLAGS.items():
+        layout[key] = None if info.external else (flag_value(info.command, names) or default)
+    cache_dtype = info.cache_config.get("cache_dtype")
+    if cache_dtype:
+        layout["kv_cache_dtype"] = cache_dtype
+    return layout
+
+
+def layouts(servers: Mapping[str, ServerInfo]) -> dict[str, dict[str, str | None]]:
+    """Every server's layout, by mode (``apc-on``, ``apc-off``, ...)."""
+    return {mode: server_layout(info) for mode, info in sorted(servers.items())}
+
+
+def visible_gpu_names() -> list[str]:
+    """The model name of each GPU this process may use (CUDA_VISIBLE_DEVICES respected); [] without GPUs."""
+    listed = _run("nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader")
+    if not listed:
+        return []
+    rows = [[field.strip() for field in line.split(",", 2)] for line in listed.splitlines()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [name for _, _, name in rows]
+    wanted = [v.strip() for v in visible.split(",") if v.strip()]
+    return [name for index, uuid, name in rows if index in wanted or uuid in wanted]
+
+
+def _version(distribution: str) -> str | None:
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        return importlib.metadata.version(distribution)
+    return None
+
+
+def environment(servers: Mapping[str, ServerInfo], results_dir: Path) -> dict[str, Any]:
+    """Where this ran: versions, devices, each server's layout, commit."""
+    versions = sorted({info.version for info in servers.values() if info.version})
+    router = _version("vllm-router") if any(info.members for info in servers.values()) else None
+    gpus = _run("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
+    visible = visible_gpu_names()
     return {
         "pytest_apc": pytest_apc.__version__,
         "vllm": versions[0] if len(versions) == 1 else versions or None,
+        "torch": _version("torch"),
         "python": platform.python_version(),
         "pytest": pytest.__version__,
         "platform": platform.platform(),
@@ -43,8 +106,12 @@ def environment(apc: ApcSession) -> dict[str, Any]:
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "gpus": gpus.splitlines() if gpus else [],
+        # The GPUs the servers could use: their model and count decide whether two runs compare.
+        "gpu_model": ", ".join(sorted(set(visible))) or None,
+        "gpu_count": len(visible),
+        "layout": layouts(servers),
         "vllm_router": router,  # the router a launched fleet ran behind
         # The results folder's repository, else the one pytest ran in.
-        "git_commit": run("git", "-C", str(apc.run_dir.parent), "rev-parse", "HEAD") or run("git", "rev-parse", "HEAD"),
+        "git_commit": _run("git", "-C", str(results_dir), "rev-parse", "HEAD") or _run("git", "rev-parse", "HEAD"),
         "argv": sys.argv,
     }
