@@ -1,8 +1,10 @@
 """``python -m pytest_apc``: re-read results files without a server or a pytest run.
 
 ``report`` prints a results file's validation table as its run printed it; ``compare`` gates one results
-file against another by the rules of ``--apc-baseline``. Both render and compare through the functions the
-plugin uses (``report.terminal``, ``report.markdown``, ``report.gate``); nothing is recomputed.
+file against another by the rules of ``--apc-baseline``; ``calibrate`` measures the run-to-run noise of
+several results files of one build, the limits it implies, and can store it in a baseline. They render and
+compare through the functions the plugin uses (``report.terminal``, ``report.markdown``, ``report.gate``,
+``noise``); nothing is recomputed.
 ``python -m pytest_apc.bench`` and ``python -m pytest_apc.reference`` are separate modules.
 """
 
@@ -15,8 +17,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_apc.config import BASELINE_METRICS, _tolerances
-from pytest_apc.report.gate import UnreadableResults, compare_documents, read_results, tolerances_of
+from pytest_apc.config import SPEC_BY_NAME, default_for
+from pytest_apc.report import calibration
+from pytest_apc.report.gate import UnreadableResults, compare_documents, read_results
 from pytest_apc.report.markdown import markdown
 from pytest_apc.report.terminal import gate_lines, summary_lines
 from pytest_apc.report.view import ReportView
@@ -28,17 +31,23 @@ PROG = "python -m pytest_apc"
 OK, GATE_FAILED, USAGE = 0, 1, 2
 
 EXIT_STATUSES = """exit status:
-  0  done (compare: the gate passed)
-  1  compare: the gate failed (not comparable, no overlapping row, or a regression)
+  0  done (compare: the gate passed; calibrate: the same-build check passed)
+  1  compare: the gate failed (not comparable, too few repeats, no overlapping run, or a regression);
+     calibrate: the rule failed same-build pairs more often than its false-alarm probability
   2  usage error, or a file that cannot be read or is not a pytest-apc results file"""
 
 
-def _tolerance_option(text: str) -> dict[str, tuple[str, float]]:
-    """``--tolerance``, parsed as ``--apc-baseline-tolerance`` is."""
-    try:
-        return _tolerances(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
+def _setting_option(name: str) -> Any:
+    """An argparse type that parses a value as the setting ``name`` does (its --apc- option)."""
+    spec = SPEC_BY_NAME[name]
+
+    def parse(text: str) -> Any:
+        try:
+            return spec.parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from err
+
+    return parse
 
 
 def _wrapped(text: str) -> str:
@@ -80,23 +89,67 @@ def parser() -> argparse.ArgumentParser:
         "compare",
         "gate a results file against a baseline results file",
         "Compare RESULTS with BASELINE by the rules of --apc-baseline: refused when they were measured under "
-        "other conditions (profile, model name, workload settings, seed, APC-on block size) or share no "
-        "row; fails when a row's median TTFT ON, TTFT gain or cached tokens regressed beyond the "
-        "tolerance. Prints every compared row (baseline -> now (limit)). Fleet runs (case R) have no OFF "
-        "partner and are not compared.",
+        "other conditions (profile, model name, workload settings, seed, block size, GPU model or count, "
+        "parallel layout, dtype) or share no run, or when the baseline has too few cold repeats; fails when a "
+        "run's mean TTFT over its repeats rose beyond the limit its noise allows (the baseline's calibration, "
+        "else the profile's default), or its cached tokens fell. Prints the rule and every compared run "
+        "(baseline -> now (limit)). Fleet runs (case R) are not compared.",
     )
     compare.add_argument("baseline", metavar="BASELINE", type=Path, help="the results.json to compare with")
     compare.add_argument("results", metavar="RESULTS", type=Path, help="the results.json to judge")
-    compare.add_argument(
-        "--tolerance",
-        metavar="METRIC=N[%],...",
-        type=_tolerance_option,
-        help=(
-            f"allowed regression per metric ({', '.join(BASELINE_METRICS)}), as --apc-baseline-tolerance; "
-            "default: the tolerances RESULTS ran with, else its profile's default"
-        ),
+    _gate_options(compare, "default: the value RESULTS ran with, else the default")
+    calibrate = command(
+        "calibrate",
+        "measure the run-to-run noise of several results files of one build",
+        "Read results files of one build (each a pytest run with --apc-repeats K of the same runs) and print, "
+        "per run, the spread of its mean TTFT between cold repeats and between runs, the limit that keeps the "
+        "gate's false alarms at --false-alarm for K repeats, the smallest slowdown that limit catches with 95% "
+        "probability, and the same for the median TTFT and the duration (to see why the gate judges the mean). "
+        "Then it applies the rule to every pair of K-sets of repeats from two different files: how often the "
+        "unchanged build failed. --write BASELINE stores the noise in that results file, so that compare and "
+        "--apc-baseline use this node's limits instead of the profile's default.",
+    )
+    calibrate.add_argument("results", metavar="RESULTS", type=Path, nargs="+", help="results.json files of one build")
+    _gate_options(calibrate, "default: the value the first file ran with, else the default")
+    calibrate.add_argument(
+        "--slower",
+        metavar="RESULTS",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="results files of the same runs with a known slowdown: how often the rule catches them",
+    )
+    calibrate.add_argument(
+        "--write",
+        metavar="BASELINE",
+        type=Path,
+        help="store the measured noise in this results file (rewritten in place) for use as the baseline",
     )
     return top
+
+
+def _gate_options(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--false-alarm",
+        metavar="FRACTION",
+        type=_setting_option("baseline_false_alarm"),
+        help=f"{SPEC_BY_NAME['baseline_false_alarm'].help} (--apc-baseline-false-alarm); {default}",
+    )
+    parser.add_argument(
+        "--repeats",
+        metavar="K",
+        type=_setting_option("baseline_repeats"),
+        help=f"{SPEC_BY_NAME['baseline_repeats'].help} (--apc-baseline-repeats); {default}",
+    )
+
+
+def _gate_setting(args: argparse.Namespace, option: str, name: str, doc: Mapping[str, Any]) -> Any:
+    """A gate setting: the command line's, else the value ``doc`` ran with, else its profile's default."""
+    given = getattr(args, option)
+    if given is not None:
+        return given
+    stored = (doc.get("settings") or {}).get(name)
+    return stored if stored is not None else default_for(name, doc.get("profile"))
 
 
 def _read(path: Path, role: str) -> dict[str, Any]:
@@ -109,10 +162,6 @@ def _read(path: Path, role: str) -> dict[str, Any]:
         known = ", ".join(map(str, SCHEMA_VERSIONS))
         raise UnreadableResults(f"{role} {path} has schema_version {version!r}; this pytest-apc reads {known}")
     return doc
-
-
-def _tolerance_text(tolerances: Mapping[str, tuple[str, float]]) -> str:
-    return ", ".join(f"{m}={n:g}{'%' if kind == '%' else ''}" for m, (kind, n) in tolerances.items())
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -130,15 +179,10 @@ def _report(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     old = _read(args.baseline, "baseline")
     new = _read(args.results, "results file")
-    tolerances = args.tolerance if args.tolerance is not None else tolerances_of(new)
-    if args.tolerance is not None:
-        source = "--tolerance"
-    elif (new.get("settings") or {}).get("baseline_tolerance"):
-        source = f"as {args.results} ran with"
-    else:
-        source = f"the {new.get('profile')} profile's default"
-    print(f"{args.results} against baseline {args.baseline}; tolerances {_tolerance_text(tolerances)} ({source})")
-    gate = compare_documents(old, new, str(args.baseline), tolerances)
+    false_alarm = _gate_setting(args, "false_alarm", "baseline_false_alarm", new)
+    repeats = _gate_setting(args, "repeats", "baseline_repeats", new)
+    print(f"{args.results} against baseline {args.baseline}")
+    gate = compare_documents(old, new, str(args.baseline), false_alarm, repeats)
     for text, _markup in gate_lines(gate.to_json()):
         print(text)
     for line in gate.warnings:
@@ -147,11 +191,35 @@ def _compare(args: argparse.Namespace) -> int:
     return GATE_FAILED if gate.failures else OK
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    docs = [(str(path), _read(path, "results file")) for path in args.results]
+    first = docs[0][1]
+    false_alarm = _gate_setting(args, "false_alarm", "baseline_false_alarm", first)
+    repeats = _gate_setting(args, "repeats", "baseline_repeats", first)
+    try:
+        slower = [(str(path), _read(path, "results file")) for path in args.slower]
+        found = calibration.report(docs, repeats, false_alarm, slower)
+    except calibration.NotCalibratable as err:
+        print(f"{PROG} calibrate: {err}", file=sys.stderr)
+        return USAGE
+    for line in found.lines:
+        print(line)
+    if args.write is not None:
+        target = _read(args.write, "baseline")
+        calibration.store(args.write, target, found.calibration)
+        print(f"wrote the noise of {len(docs)} results files into {args.write}: compare and --apc-baseline with it "
+              "use these limits")  # fmt: skip
+    return GATE_FAILED if found.failed else OK
+
+
+COMMANDS = {"report": _report, "compare": _compare, "calibrate": _calibrate}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit status (argparse exits 2 itself on a usage error)."""
     args = parser().parse_args(argv)
     try:
-        return _report(args) if args.command == "report" else _compare(args)
+        return COMMANDS[args.command](args)
     except UnreadableResults as err:
         print(f"{PROG} {args.command}: {err}", file=sys.stderr)
         return USAGE

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_apc.cases import CASE_FAMILY, PAIRS, RunKey, ServerMode
+from pytest_apc.cases import CASE_FAMILY, RunKey, ServerMode
 from pytest_apc.config import SPEC_BY_NAME, Settings
 
 
@@ -34,6 +34,8 @@ FLEET_SETTINGS = (
     "replicas", "router_policies", "router_command", "router_arg", "data_parallel_size", "prefix_groups", "fleet_url",
     "metrics_url",
 )  # fmt: skip
+# The baseline gate's settings: the baseline first, then what only matters with one.
+BASELINE_SETTINGS = ("baseline", "baseline_false_alarm", "baseline_repeats")
 
 
 @dataclass(frozen=True)
@@ -66,15 +68,15 @@ def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, C
     def family(*names: str) -> Callable[[TestUse], bool]:
         return lambda use: any(CASE_FAMILY[k.case] in names for k in use.keys if not k.hash_algo)
 
-    def in_pairs(use: TestUse) -> bool:
-        return any(not k.hash_algo and (k.case in PAIRS or k.case in PAIRS.values()) for k in use.keys)
+    def single_server(use: TestUse) -> bool:
+        return any(not k.route for k in use.keys)
 
     return [
         ("hash_algos", lambda use: any(k.hash_algo for k in use.keys), "no selected test compares hash algorithms"),
         ("sweep_concurrency", lambda use: use.sweep, "no selected test runs the concurrency sweep"),
         ("sweep_cases", lambda use: use.sweep, "no selected test runs the concurrency sweep"),
-        ("baseline", in_pairs, "no selected test measures an OFF/ON pair, so the gate has no row to compare"),
-        ("baseline_tolerance", in_pairs, "no selected test measures an OFF/ON pair, so the gate has no row to compare"),
+        *((name, single_server, "no selected test measures a single-server run, so the gate has no run to compare")
+          for name in BASELINE_SETTINGS),
         ("low_concurrency", lambda use: any(k.case == "F" and k.concurrency <= low and not k.hash_algo
                                             for k in use.keys),
          f"no selected test judges the E/F pair at concurrency {low} or below; {rag_levels}"),
@@ -93,8 +95,6 @@ def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, C
 
 
 def _value_text(value: Any) -> str:
-    if isinstance(value, dict):
-        return ",".join(f"{k}={v[1]:g}{'%' if v[0] == '%' else ''}" for k, v in value.items())
     if isinstance(value, tuple):
         return ",".join(map(str, value))
     return str(value)
@@ -110,7 +110,7 @@ def unused_settings(
 ) -> list[str]:
     """One message per setting given explicitly that no planned test uses, saying why: the tests that
     would use it were deselected (``deselected_by``, e.g. "-m 'pure'") or skipped, or none was collected.
-    ``baseline_tolerance`` without ``baseline`` is unused too."""
+    The gate's own settings without ``baseline`` are unused too."""
     messages = []
     families = set(family_markers)
     for name, uses, what in _checks(settings, planned):
@@ -119,15 +119,10 @@ def unused_settings(
             continue
         value = getattr(settings, name)
         head = f"{SPEC_BY_NAME[name].option} {_value_text(value)} ({source})"
-        if name == "baseline_tolerance" and not settings.baseline:
-            messages.append(f"{head}: no --apc-baseline is given, so nothing is compared with a tolerance")
+        if name in BASELINE_SETTINGS[1:] and not settings.baseline:
+            messages.append(f"{head}: no --apc-baseline is given, so the gate does not run")
             continue
-        if name in ("baseline", "baseline_tolerance"):
-            # The gate compares pair rows: an OFF run and its ON partner, by whichever tests they are planned.
-            keys = {k for use in planned for k in use.keys}
-            if any(RunKey(off, k.concurrency) in keys for k in keys if not k.hash_algo and (off := PAIRS.get(k.case))):
-                continue
-        elif any(uses(use) for use in planned):
+        if any(uses(use) for use in planned):
             continue
         would = [use for use in deselected if uses(use)]
         if would:

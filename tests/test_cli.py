@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from pytest_apc.__main__ import main
-from pytest_apc.report import gate
 
 REPO = Path(__file__).resolve().parent.parent
 H200 = REPO / "docs" / "results" / "h200" / "results.json"
@@ -49,7 +48,7 @@ def _row_line(lines: list[str], pair: str, concurrency: int) -> str:
 
 
 def _version_2(tmp_path: Path) -> Path:
-    """The H200 file as schema_version 2 writes it: a hash-algorithm row of its own, and the gate's rows."""
+    """The H200 file as schema_version 2 writes it: a hash-algorithm row of its own, and the gate's pair rows."""
     doc = _doc(H200)
     doc["schema_version"] = 2
     doc["settings"]["connect_host"] = "127.0.0.1"
@@ -59,7 +58,16 @@ def _version_2(tmp_path: Path) -> Path:
         "median_ttft_ms": 351.0, "ttft_ratio": 1.026, "ttft_ratio_low": 0.91, "ttft_ratio_high": 1.12,
         "duration_default_s": 13.8, "duration_s": 14.0, "verdict": "PASS",
     }]  # fmt: skip
-    doc["gate"] = gate.compare_documents(_doc(H200), doc, "/ci/baseline.json", gate.tolerances_of(doc)).to_json()
+    ok = {"allowed": 0.0, "limit": 1.0, "tolerance": "0%", "result": "ok"}
+    doc["gate"] = {
+        "baseline": "/ci/baseline.json", "failures": [], "compared": len(doc["pairs"]), "regressed": 0,
+        "not_comparable": [],
+        "rows": [{"pair": row["pair"], "concurrency": row["concurrency"], "result": "ok", "metrics": [
+            {"metric": metric, "was": row[key], "now": row[key], **ok}
+            for metric, key in (("ttft_on", "median_ttft_on_ms"), ("speedup", "ttft_speedup"),
+                                ("cached_tokens", "cached_tokens"))
+        ]} for row in doc["pairs"]],
+    }  # fmt: skip
     return _write(tmp_path, "v2.json", doc)
 
 
@@ -138,64 +146,119 @@ def test_report_of_a_schema_version_2_file_shows_the_algorithms_and_the_gate(
     assert any(line.startswith("| D ") and "| xxhash " in line and line.endswith("| PASS      |") for line in md)
 
 
-def test_compare_a_file_with_itself_passes_every_row(tmp_path: Path) -> None:
-    result = _run("compare", str(H200), str(H200))
+GATE = REPO / "docs" / "results" / "h200-gate"
+SAME = [GATE / "same-build" / name / "results.json" for name in ("cd-1", "cd-2", "d-3")]
+SLOWER = {ms: GATE / "slower" / f"{ms}ms" / "results.json" for ms in (50, 100, 200)}
+
+
+def _run_line(lines: list[str], run_id: str) -> str:
+    found = [line for line in lines if line.split()[:1] == [run_id]]
+    assert len(found) == 1, (run_id, lines)
+    return found[0]
+
+
+def test_compare_two_runs_of_one_build_passes_every_run() -> None:
+    result = _run("compare", str(SAME[0]), str(SAME[1]))
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    doc = _doc(H200)
-    assert f"baseline {H200}: {len(doc['pairs'])} rows compared, 0 regressed (baseline -> now (limit))" in lines
-    for row in doc["pairs"]:
-        assert _row_line(lines, row["pair"], row["concurrency"]).endswith(" ok")
+    assert lines[0] == f"{SAME[1]} against baseline {SAME[0]}"
+    assert f"baseline {SAME[0]}: 2 runs compared, 0 regressed (baseline -> now (limit))" in lines
+    assert any(
+        line.startswith("rule: mean TTFT (median of the cold repeats) may rise as far as its noise allows")
+        for line in lines
+    )
+    assert "noise: the gpu profile's default (measured on one H200)" in lines
+    for run_id in ("C-c8", "D-c8"):
+        assert _run_line(lines, run_id).split()[1] == "5/5"
+        assert _run_line(lines, run_id).endswith(" ok")
     assert lines[-1] == "baseline gate: passed"
-    assert "tolerances ttft_on=10%, speedup=10%, cached_tokens=0%" in lines[0]
 
 
-def test_compare_a_worse_run_fails_naming_the_row(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    worse = _doc(H200)
-    c4 = next(row for row in worse["pairs"] if (row["pair"], row["concurrency"]) == ("C/D", 4))
-    c4["median_ttft_on_ms"] *= 2
-    path = _write(tmp_path, "worse.json", worse)
-    status, lines, _ = _cli(capsys, "compare", str(H200), str(path))
+def test_compare_a_slowed_run_fails_naming_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    status, lines, _ = _cli(capsys, "compare", str(SAME[0]), str(SLOWER[200]))
     assert status == 1
-    assert _row_line(lines, "C/D", 4).endswith(" REGRESSED")
-    assert _row_line(lines, "C/D", 8).endswith(" ok")
+    assert _run_line(lines, "D-c8").endswith(" REGRESSED")
     failures = [line for line in lines if line.startswith("FAIL baseline: ")]
     assert len(failures) == 1
-    assert failures[0].startswith("FAIL baseline: C/D c4: median TTFT ON (ms) 291 -> 582 regressed by 291")
+    assert failures[0].startswith("FAIL baseline: D-c8: mean TTFT (median of the cold repeats) ")
     assert lines[-1] == "baseline gate: FAILED"
-
-    # The same rules as --apc-baseline-tolerance: a wide enough tolerance lets it pass.
-    status, lines, _ = _cli(capsys, "compare", "--tolerance", "ttft_on=150%", str(H200), str(path))
-    assert status == 0
-    assert "tolerances ttft_on=150%, speedup=10%, cached_tokens=0% (--tolerance)" in lines[0]
+    # A false alarm allowed half the time is a much narrower limit: the 50 ms slowdown fails too.
+    assert _cli(capsys, "compare", str(SAME[0]), str(SLOWER[50]))[0] == 0
+    assert _cli(capsys, "compare", "--false-alarm", "0.5", str(SAME[0]), str(SLOWER[50]))[0] == 1
 
 
-def test_compare_uses_the_tolerances_the_results_file_ran_with(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    loose = _doc(H200)
-    loose["settings"]["baseline_tolerance"]["ttft_on"] = ["abs", 1000.0]
-    next(row for row in loose["pairs"] if row["concurrency"] == 4)["median_ttft_on_ms"] *= 2
-    status, lines, _ = _cli(capsys, "compare", str(H200), str(_write(tmp_path, "loose.json", loose)))
-    assert status == 0
-    assert "tolerances ttft_on=1000, speedup=10%, cached_tokens=0%" in lines[0]
+def test_compare_refuses_a_baseline_with_fewer_repeats_than_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    status, lines, _ = _cli(capsys, "compare", "--repeats", "6", str(SAME[0]), str(SAME[1]))
+    assert status == 1
+    assert (
+        f"FAIL baseline: baseline {SAME[0]} has 5 cold repeats of C-c8; the gate needs 6 or more (measure the "
+        "baseline with --apc-repeats 6)"
+    ) in lines
 
 
 def test_compare_refuses_a_baseline_of_another_workload(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    other = _doc(H200)
+    other = _doc(SAME[0])
     other["settings"]["num_prompts"] = 10
-    status, lines, _ = _cli(capsys, "compare", str(_write(tmp_path, "b.json", other)), str(H200))
+    status, lines, _ = _cli(capsys, "compare", str(_write(tmp_path, "b.json", other)), str(SAME[1]))
     assert status == 1
     assert (
         f"FAIL baseline: not comparable with baseline {tmp_path / 'b.json'}: num_prompts 30 here vs 10 there" in lines
     )
-    assert not any("rows compared" in line for line in lines)
+    assert not any("runs compared" in line for line in lines)
+
+
+def test_calibrate_prints_the_noise_the_limits_and_checks_the_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    status, lines, _ = _cli(capsys, "calibrate", *map(str, SAME), "--slower", str(SLOWER[200]))
+    assert status == 0
+    assert lines[0].startswith(
+        "calibrate: 3 results files of one build; the gate judges mean TTFT (median of the cold repeats)"
+    )
+    assert "K = 3 repeats on each side; false alarm 1% over 2 runs (0.50% each)" in lines[0]
+    assert _run_line(lines, "C-c8").split()[1:3] == ["2", "10"]
+    assert _run_line(lines, "D-c8").split()[1:3] == ["3", "15"]
+    same = [line for line in lines if line.startswith("same build, ")]
+    assert len(same) == 4  # C and D, under the measured noise and under the profile's default
+    assert all(" failed (0.0%)" in line for line in same)
+    caught = [line for line in lines if line.startswith(f"slower build, D-c8 in {SLOWER[200]} ")]
+    assert len(caught) == 2
+    assert all(": caught in 300 of 300 pairs (100.0%)" in line for line in caught)
+
+
+def test_calibrate_writes_the_noise_into_a_baseline_that_compare_then_uses(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    baseline = _write(tmp_path, "baseline.json", _doc(SAME[0]))
+    status, lines, _ = _cli(capsys, "calibrate", *map(str, SAME), "--write", str(baseline))
+    assert status == 0
+    assert lines[-1].startswith(f"wrote the noise of 3 results files into {baseline}")
+    stored = _doc(baseline)["calibration"]
+    assert stored["files"] == list(map(str, SAME))
+    assert set(stored["rows"]) == {"C-c8", "D-c8"}
+    assert {k: v for k, v in _doc(baseline).items() if k != "calibration"} == _doc(SAME[0])  # nothing else changed
+    status, lines, _ = _cli(capsys, "compare", str(baseline), str(SAME[1]))
+    assert status == 0
+    assert f"noise: the calibration in {baseline} (3 results files)" in lines
+
+
+def test_calibrate_needs_two_files_of_the_same_run(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = _cli(capsys, "calibrate", str(SAME[0]))
+    assert status == 2
+    assert err.startswith(
+        "python -m pytest_apc calibrate: calibrate needs at least two results files that measured the same run"
+    )
 
 
 def test_compare_across_schema_versions(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    status, lines, _ = _cli(capsys, "compare", str(H200), str(_version_2(tmp_path)))
-    assert status == 0
-    assert any(line.endswith(": 6 rows compared, 0 regressed (baseline -> now (limit))") for line in lines)
+    """A schema_version 1 baseline has one repeat per run: read, and refused for too few repeats (a rule of
+    3 repeats), after the differences of profile and workload that refuse it first."""
+    status, lines, _ = _cli(capsys, "compare", str(H200), str(SAME[0]))
+    assert status == 1
+    assert any(line.startswith(f"FAIL baseline: not comparable with baseline {H200}: ") for line in lines)
+    same_shape = _doc(SAME[0])
+    same_shape["settings"] = _doc(H200)["settings"]
+    status, lines, _ = _cli(capsys, "compare", str(H200), str(_write(tmp_path, "new.json", same_shape)))
+    assert f"FAIL baseline: baseline {H200} has 1 cold repeat of C-c8; the gate needs 3 or more (measure the " \
+        "baseline with --apc-repeats 3)" in lines  # fmt: skip
 
 
 def test_a_missing_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -230,17 +293,17 @@ def test_a_file_that_is_not_a_results_file_exits_2(
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    for args in ([], ["compare", str(H200)], ["compare", "--tolerance", "latency=5%", str(H200), str(H200)]):
+    for args in ([], ["compare", str(H200)], ["compare", "--false-alarm", "2", str(H200), str(H200)], ["calibrate"]):
         with pytest.raises(SystemExit) as exit_:
             main(args)
         assert exit_.value.code == 2
-    assert "METRIC=N or METRIC=N% with METRIC in ttft_on, speedup, cached_tokens" in capsys.readouterr().err
+    assert "argument --false-alarm: must be in (0, 1]" in capsys.readouterr().err
 
 
 def test_help_documents_the_commands_and_exit_statuses() -> None:
     result = _run("--help")
     assert result.returncode == 0
-    for text in ("report", "compare", "exit status:", "1  compare: the gate failed"):
+    for text in ("report", "compare", "calibrate", "exit status:", "1  compare: the gate failed"):
         assert text in result.stdout
 
 

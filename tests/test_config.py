@@ -182,3 +182,24 @@ def test_as_dict_lists_every_setting_in_order(pytester: pytest.Pytester) -> None
     assert values["num_prompts"] == settings.num_prompts
     assert "sources" not in values
     assert not hasattr(settings, "values")
+
+
+def test_a_baseline_takes_the_repeats_its_gate_needs(pytester: pytest.Pytester) -> None:
+    assert resolve(pytester, "--cpu-node").repeats == 1
+    gated = resolve(pytester, "--cpu-node", "--apc-baseline=b.json")
+    assert (gated.repeats, gated.sources["repeats"]) == (3, "derived from apc_baseline_repeats (a baseline is given)")
+    assert (
+        resolve(pytester, "--cpu-node", "--apc-baseline=b.json", env={"PYTEST_APC_BASELINE_REPEATS": "5"}).repeats == 5
+    )
+    more = resolve(pytester, "--cpu-node", "--apc-baseline=b.json", "--apc-repeats=4")
+    assert (more.repeats, more.sources["repeats"]) == (4, "option --apc-repeats")
+
+
+def test_fewer_repeats_than_the_gate_needs_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    with pytest.raises(apc_config.SettingError) as err:
+        resolve(pytester, "--cpu-node", "--apc-baseline=b.json", "--apc-repeats=1")
+    assert str(err.value) == (
+        "Invalid apc_repeats 1 from option --apc-repeats: the baseline gate judges runs of apc_baseline_repeats 3 "
+        "cold repeats or more (lower apc_baseline_repeats to gate on fewer, at a wider limit)"
+    )
+    assert resolve(pytester, "--cpu-node", "--apc-baseline=b.json", "--apc-repeats=1", "--apc-baseline-repeats=1")

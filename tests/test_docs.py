@@ -247,7 +247,7 @@ def test_results_page_server_line_and_c_d_row_are_the_cpu_examples() -> None:
 
 
 def test_results_page_c_d_walk_through_quotes_the_cpu_example() -> None:
-    from pytest_apc.report.terminal import _k
+    from pytest_apc.report.formatting import compact as _k
 
     data = _cpu_example()
     page = _flat((DOCS / "results.md").read_text())
@@ -372,24 +372,32 @@ def test_results_page_other_sections_quote_the_cpu_example() -> None:
     assert f"E/F about {ef['hit_ratio'] * 100:.0f} %" in page
 
 
-def test_results_page_gate_example_is_the_cpu_example_against_an_edited_copy() -> None:
-    """The gate's rows are rendered by the gate from the example run and a copy of it whose C/D cached tokens
-    were doubled, as the page says."""
-    import copy
+def test_results_page_gate_example_is_what_compare_prints(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The gate's example is the H200's same-build run against the one slowed by 200 ms, as compare prints
+    it; the page's figures of the gate come from the same files and defaults."""
+    from pytest_apc import noise
+    from pytest_apc.__main__ import main
 
-    from pytest_apc.report.gate import compare_documents, tolerances_of
-    from pytest_apc.report.terminal import gate_lines
-
-    data = _cpu_example()
-    page = (DOCS / "results.md").read_text()
-    baseline = copy.deepcopy(data)
-    (cd,) = [p for p in baseline["pairs"] if p["pair"] == "C/D"]
-    cd["cached_tokens"] *= 2
-    assert f"C/D cached tokens were doubled to {cd['cached_tokens']:,}" in _flat(page)
-    gate = compare_documents(baseline, data, "/path/to/baseline.json", tolerances_of(data))
-    rendered = [line for text, _ in gate_lines(gate.to_json()) for line in text.splitlines()]
-    assert _block_after(page, "(a made-up baseline, to show a regression)") == rendered
-    assert rendered[-1] in page.split("(a made-up baseline")[0]  # the single FAIL line quoted above it
+    monkeypatch.chdir(REPO)
+    base, slowed = (
+        "docs/results/h200-gate/same-build/cd-1/results.json",
+        "docs/results/h200-gate/slower/200ms/results.json",
+    )
+    assert main(["compare", base, slowed]) == 1
+    raw = (DOCS / "results.md").read_text()
+    assert _block_after(raw, "<!-- gate-example -->") == capsys.readouterr().out.splitlines()
+    page = _flat(raw)
+    spread = noise.PROFILE_NOISE["gpu"]
+    assert f"on one H200 (`--gpu-node`, {spread.within:.1%} within a run, {spread.between:.1%} between runs)" in page
+    failed, pairs = h200_gate_median_rule()
+    assert f"a flat 10% rule on the median failed {failed / pairs:.0%} of the pairs" in page
+    rows = {line.split(" | ")[0].strip("| "): line.strip("|").split(" | ") for line in h200_gate_k_table()[2:]}
+    assert f"3 repeats of C and D at concurrency 8 cost about {float(rows['3'][3].split()[0]):.0f} minutes" in page
+    assert f"give a limit of +{float(rows['3'][1].strip('+%')):.0f}%" in page  # +11.7% -> +12%
+    assert f"10 repeats cost {float(rows['10'][3].split()[0]):.0f} minutes for {rows['10'][1]}" in page
+    ci = _flat((DOCS / "ci.md").read_text())
+    one, three = (float(rows[k][3].split()[0]) for k in ("1", "3"))
+    assert f"about {one:.0f} minute of benchmarks per repeat, so {three:.0f} minutes instead of {one:.0f}" in ci
 
 
 def test_results_page_fleet_example_is_the_fleet_cpu_runs() -> None:
@@ -559,22 +567,25 @@ def test_h200_recheck_gate_is_what_compare_prints(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.chdir(REPO)
     old_path, new_path = "docs/results/h200/results.json", "docs/results/h200-recheck/results.json"
-    assert main(["compare", old_path, new_path]) == 1
+    assert main(["compare", old_path, new_path]) == 1  # one repeat per run: too few for the default rule
+    refused = capsys.readouterr().out
+    assert f"FAIL baseline: baseline {old_path} has 1 cold repeat of D-c8; the gate needs 3 or more" in refused
+    assert main(["compare", "--repeats", "1", old_path, new_path]) == 0
     printed = capsys.readouterr().out.splitlines()
     page = (H200_RECHECK / "README.md").read_text()
     assert _block_after(page, "<!-- recheck-gate -->") == printed
-    assert "(exit status 1)" in page
+    assert "(exit status 0)" in page
     runs = {
         name: {r["id"]: r for r in json.loads((REPO / path).read_text())["runs"]}
         for name, path in (("old", old_path), ("new", new_path))
     }
     old_d, new_d = runs["old"]["D-c8"], runs["new"]["D-c8"]
     flat = _flat(page)
-    assert f"went from {old_d['median_ttft_ms']:.0f} ms to {new_d['median_ttft_ms']:.0f} ms" in flat
-    assert f"Cached tokens were the same ({new_d['prefix_cache_hits']:,})" in flat
+    assert f"D's median TTFT went from {old_d['median_ttft_ms']:.0f} ms to {new_d['median_ttft_ms']:.0f} ms" in flat
+    assert f"cached tokens were the same ({new_d['prefix_cache_hits']:,})" in flat
     assert old_d["prefix_cache_hits"] == new_d["prefix_cache_hits"]
     assert round(old_d["wall_s"], 1) == round(new_d["wall_s"], 1)
-    assert f"D's wall time ({new_d['wall_s']:.1f} s in both runs)" in flat
+    assert f"as was D's wall time ({new_d['wall_s']:.1f} s in both runs)" in flat
     old_t, new_t = np.array(old_d["ttfts_ms"]), np.array(new_d["ttfts_ms"])
     cold = f"a median of {np.median(old_t[:8]):,.0f} ms in the full run, {np.median(new_t[:8]):,.0f} ms here"
     assert cold in flat
@@ -628,3 +639,213 @@ def _measured_on(log: Path, server: str) -> list[str]:
 def _passed_line(log: Path) -> str:
     """pytest's last summary line, without its "=" frame: "6 passed, 33 deselected in 357.44s (0:05:57)"."""
     return log.read_text().rstrip().splitlines()[-1].strip("= ")
+
+
+# The gate measured on one H200: same-build runs and slowed ones, and what the page says of them.
+H200_GATE = DOCS / "results" / "h200-gate"
+GATE_SAME = ("cd-1", "cd-2", "d-3")
+GATE_SLOWER = (50, 100, 200)
+
+
+def _gate_doc(folder: str) -> dict:
+    import json
+
+    return json.loads((H200_GATE / folder / "results.json").read_text())
+
+
+def _gate_runs(folder: str, run_id: str) -> list[dict]:
+    (run,) = [r for r in _gate_doc(folder)["runs"] if r["id"] == run_id]
+    return run["repeat_counters"]
+
+
+def h200_gate_per_repeat_table() -> list[str]:
+    """The page's table of D's median and mean TTFT per repeat, from the same-build files."""
+    lines = ["| run | TTFT (ms) | repeat 1 | 2 | 3 | 4 | 5 |", "|---|---|---|---|---|---|---|"]
+    for name in GATE_SAME:
+        counters = _gate_runs(f"same-build/{name}", "D-c8")
+        for label, key in (("median", "median_ttft_ms"), ("mean", "mean_ttft_ms")):
+            lines.append(f"| {name} | {label} | " + " | ".join(f"{c[key]:.0f}" for c in counters) + " |")
+    return lines
+
+
+def h200_gate_median_rule() -> tuple[int, int]:
+    """(failed, pairs): the old rule (median TTFT may rise 10%) on every ordered pair of single D repeats."""
+    medians = [c["median_ttft_ms"] for name in GATE_SAME for c in _gate_runs(f"same-build/{name}", "D-c8")]
+    pairs = [(a, b) for i, a in enumerate(medians) for j, b in enumerate(medians) if i != j]
+    return sum(b > a * 1.1 for a, b in pairs), len(pairs)
+
+
+def h200_gate_k_table() -> list[str]:
+    """Limit, detectable slowdown and C/D benchmark time per gated run, by K (the gpu default noise, C and D
+    judged, K repeats on each side)."""
+    from pytest_apc import noise
+    from pytest_apc.report.formatting import percent
+
+    spread = noise.PROFILE_NOISE["gpu"]
+    per_repeat = sum(
+        c["duration_s"] for name in ("cd-1", "cd-2") for run in ("C-c8", "D-c8")
+        for c in _gate_runs(f"same-build/{name}", run)
+    ) / 10  # fmt: skip
+    lines = ["| K | limit | catches (95%) | C/D benchmark time |", "|---|---|---|---|"]
+    for k in (1, 2, 3, 5, 10):
+        limit, catches = spread.limit(k, k, 0.005), spread.detectable(k, k, 0.005)
+        lines.append(f"| {k} | {percent(limit)} | {percent(catches)} | {k * per_repeat / 60:.1f} min |")
+    return lines
+
+
+def h200_gate_calibrate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    from pytest_apc.__main__ import main
+
+    monkeypatch.chdir(REPO)
+    same = [f"docs/results/h200-gate/same-build/{name}/results.json" for name in GATE_SAME]
+    slower = [f"docs/results/h200-gate/slower/{ms}ms/results.json" for ms in GATE_SLOWER]
+    assert main(["calibrate", *same, "--slower", *slower]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_h200_gate_page_shows_what_calibrate_prints(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    page = (H200_GATE / "README.md").read_text()
+    printed = h200_gate_calibrate(monkeypatch, capsys)
+    assert _block_after(page, "<!-- calibrate -->") == printed
+    same = [line for line in printed if line.startswith("same build, ") and "this calibration" in line]
+    pairs = sum(int(re.search(r"of (\d+) pairs", line)[1]) for line in same)  # type: ignore[index]
+    assert all(" 0 of " in line for line in same)
+    assert f"the rule failed none of the {pairs} same-build pairs of 3-repeat sets" in _flat(page)
+
+
+def test_h200_gate_default_noise_is_what_the_committed_runs_measured() -> None:
+    """PROFILE_NOISE["gpu"] is this page's calibration, rounded up to a tenth of a percent."""
+    import math
+
+    from pytest_apc import noise
+
+    found = noise.calibrate([(name, _gate_doc(f"same-build/{name}")) for name in GATE_SAME])
+    within = max(row.within or 0.0 for row in found.rows.values())
+    assert found.between is not None
+    assert noise.PROFILE_NOISE["gpu"].within == math.ceil(within * 1000) / 1000
+    assert noise.PROFILE_NOISE["gpu"].between == math.ceil(found.between * 1000) / 1000
+    page = _flat((H200_GATE / "README.md").read_text())
+    spread = noise.PROFILE_NOISE["gpu"]
+    assert f"({spread.within:.1%} within a run, the larger of C and D, and {spread.between:.1%} between runs)" in page
+
+
+def test_h200_gate_page_figures_come_from_its_files() -> None:
+    from pytest_apc import noise
+    from pytest_apc.report.formatting import percent
+
+    raw = (H200_GATE / "README.md").read_text()
+    page = _flat(raw)
+    assert _block_after_marker_table(raw, "<!-- d-per-repeat -->") == h200_gate_per_repeat_table()
+    failed, pairs = h200_gate_median_rule()
+    assert f"fails {failed} of the {pairs} ordered pairs (baseline, new run) of single repeats of D above" in page
+    assert f"of D above ({failed / pairs:.0%}), although nothing changed" in page
+    d = [c for n in GATE_SAME for c in _gate_runs(f"same-build/{n}", "D-c8")]
+    medians, means = [c["median_ttft_ms"] for c in d], [c["mean_ttft_ms"] for c in d]
+    assert f"The median ranges from {min(medians):.0f} to {max(medians):.0f} ms" in page
+    assert f"the mean from {min(means):.0f} to {max(means):.0f} ms" in page
+    assert _block_after_marker_table(raw, "<!-- k-table -->") == h200_gate_k_table()
+    spread = noise.PROFILE_NOISE["gpu"]
+    assert f"a mean-TTFT regression of {percent(spread.detectable(3, 3, 0.005))} or more" in page
+    # "past it, each further repeat adds a minute ... and narrows the limit by less than a percentage point"
+    assert spread.limit(3, 3, 0.005) - spread.limit(4, 4, 0.005) < 0.01
+    durations = {
+        run: sum(c["duration_s"] for n in ("cd-1", "cd-2") for c in _gate_runs(f"same-build/{n}", run)) / 10
+        for run in ("C-c8", "D-c8")
+    }
+    assert f"(C and D take {durations['C-c8']:.0f} s and {durations['D-c8']:.0f} s per repeat)" in page
+    hits = {
+        c["delta"]["prefix_cache_hits"]
+        for folder in [*(f"same-build/{n}" for n in GATE_SAME), *(f"slower/{ms}ms" for ms in GATE_SLOWER)]
+        for c in _gate_runs(folder, "D-c8")
+    }
+    assert hits == {950736}
+    assert "Every repeat of D cached exactly 950,736 tokens, the prediction" in page
+    for name in GATE_SAME:
+        counters = _gate_runs(f"same-build/{name}", "D-c8")
+        assert len(counters) == 5
+    normal = noise.geometric_mean([c["mean_ttft_ms"] for n in GATE_SAME for c in _gate_runs(f"same-build/{n}", "D-c8")])
+    table = _block_after_marker_table(raw, "<!-- detection-table -->")
+    for ms, line in zip(GATE_SLOWER, table[2:], strict=True):
+        slow = noise.geometric_mean([c["mean_ttft_ms"] for c in _gate_runs(f"slower/{ms}ms", "D-c8")])
+        assert line.startswith(f"| {ms} ms | {slow:.0f} ({percent(slow / normal)}) | ")
+    assert f"Against D's mean TTFT of the same-build runs ({normal:.0f} ms)" in page
+
+
+def test_h200_gate_detection_table_is_what_calibrate_prints(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    raw = (H200_GATE / "README.md").read_text()
+    printed = h200_gate_calibrate(monkeypatch, capsys)
+    table = _block_after_marker_table(raw, "<!-- detection-table -->")
+    for ms, line in zip(GATE_SLOWER, table[2:], strict=True):
+        (caught,) = [
+            p for p in printed if p.startswith(f"slower build, D-c8 in docs/results/h200-gate/slower/{ms}ms/")
+            and "gpu profile's default" in p
+        ]  # fmt: skip
+        found = re.search(r"caught in (\d+) of (\d+) pairs \(([\d.]+%)\)", caught)
+        assert found is not None
+        assert line.endswith(f" | {found[1]} of {found[2]} ({found[3]}) |")
+
+
+def test_h200_gate_page_judges_the_earlier_runs_as_compare_does(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from pytest_apc.__main__ import main
+    from pytest_apc.report.formatting import percent
+
+    monkeypatch.chdir(REPO)
+    assert main(["compare", "--repeats", "1", "docs/results/h200/results.json",
+                 "docs/results/h200-recheck/results.json"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    d8 = re.search(r"^D-c8 +1/1 +([\d,]+) -> ([\d,]+) \(<= ([\d,]+)\) +(\S+)", printed, re.MULTILINE)
+    assert d8 is not None
+    was, limit = (float(d8[i].replace(",", "")) for i in (1, 3))
+    page = _flat((H200_GATE / "README.md").read_text())
+    assert f"D's mean TTFT rose {d8[4].lstrip('+')}, less than the {percent(limit / was).lstrip('+')} limit" in page
+    assert "4 runs compared" in printed
+
+
+CPU_GATE = DOCS / "results" / "cpu-gate"
+
+
+def test_cpu_gate_page_shows_what_calibrate_prints(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from pytest_apc.__main__ import main
+
+    monkeypatch.chdir(REPO)
+    files = sorted(str(p.relative_to(REPO)) for p in CPU_GATE.glob("run-*/results.json"))
+    assert len(files) == 6
+    assert main(["calibrate", *files]) == 0
+    assert (
+        _block_after((CPU_GATE / "README.md").read_text(), "<!-- cpu-calibrate -->")
+        == capsys.readouterr().out.splitlines()
+    )
+
+
+def test_cpu_gate_same_build_reruns_never_fail_the_shipped_gate() -> None:
+    """Every ordered pair of the committed CPU runs passes the gate as --apc-baseline applies it (the
+    default false alarm and repeats, the cpu profile's default noise)."""
+    import json
+    import math
+
+    from pytest_apc import noise
+    from pytest_apc.config import default_for
+    from pytest_apc.report.gate import compare_documents
+
+    docs = {p.parent.name: json.loads(p.read_text()) for p in sorted(CPU_GATE.glob("run-*/results.json"))}
+    alarm, repeats = default_for("baseline_false_alarm", "cpu"), default_for("baseline_repeats", "cpu")
+    compared = 0
+    for old_name, old in docs.items():
+        for new_name, new in docs.items():
+            if old_name != new_name:
+                gate = compare_documents(old, new, old_name, alarm, repeats)
+                assert gate.failures == [], (old_name, new_name, gate.failures)
+                compared += gate.compared
+    assert compared == 30 * 2
+    page = _flat((CPU_GATE / "README.md").read_text())
+    assert "passes `python -m pytest_apc compare` (30 pairs, 5 repeats on each side)" in page
+    hits = {c["delta"]["prefix_cache_hits"] for d in docs.values() for r in d["runs"] if r["id"] == "D-c8"
+            for c in r["repeat_counters"]}  # fmt: skip
+    assert hits == {59392}
+    assert "every repeat of D cached exactly 59,392 tokens" in page
+    assert all(d["environment"]["vllm"] == "0.32.0" and d["environment"]["cpu_count"] == 2 for d in docs.values())
+    found = noise.calibrate(list(docs.items()))
+    assert found.between is not None
+    within = max(row.within or 0.0 for row in found.rows.values())
+    assert noise.PROFILE_NOISE["cpu"].within == math.ceil(within * 1000) / 1000
+    assert noise.PROFILE_NOISE["cpu"].between == math.ceil(found.between * 1000) / 1000

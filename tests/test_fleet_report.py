@@ -22,7 +22,7 @@ from pytest_apc import results, verdict
 from pytest_apc.__main__ import main
 from pytest_apc.cases import RunKey
 from pytest_apc.records import Measured, RunRecord
-from pytest_apc.report import SCHEMA_PATH, gate, markdown, plots, rows, terminal
+from pytest_apc.report import SCHEMA_PATH, formatting, gate, markdown, plots, rows, terminal
 from pytest_apc.report.controller import report_blocks
 from pytest_apc.report.view import ReportView
 from pytest_apc.stats import median_interval
@@ -30,7 +30,8 @@ from tests.test_verdict import delta, off_delta, record, settings
 
 DATA = Path(__file__).resolve().parent / "data"
 ROUND_ROBIN, CONSISTENT_HASH = RunKey("R", 8, route="round_robin"), RunKey("R", 8, route="consistent_hash")
-H200 = Path(__file__).resolve().parent.parent / "docs" / "results" / "h200" / "results.json"
+REPO = Path(__file__).resolve().parent.parent
+H200 = REPO / "docs" / "results" / "h200" / "results.json"
 
 
 def _measured() -> Measured:
@@ -47,10 +48,6 @@ def _judged(runs: list[RunRecord]) -> list[dict[str, Any]]:
             found.append({**v.to_json(), "test": f"tests_apc/test_fleet.py::{test}[{run.key.id}]",
                           "outcome": "passed" if v.passed else "failed"})  # fmt: skip
     return found
-
-
-def _session(s: Any, measured: Measured, json_path: str = "results.json") -> SimpleNamespace:
-    return SimpleNamespace(settings=s, measured=measured, json_path=json_path, json_model=lambda: measured.model)
 
 
 def _data(s: Any, measured: Measured, verdicts: list[dict[str, Any]] | None = None, failed=()) -> rows.ReportData:
@@ -137,7 +134,12 @@ def test_a_run_whose_locality_cannot_be_told_has_an_error_instead_of_numbers(fle
         assert row[key] is None, key
     assert row["replicas"] == 2  # the fleet's members
     assert row["median_ttft_ms"] > 0
-    lines = [text for text, _ in terminal.fleet_lines(ReportView.from_session(_session(fleet.s, measured), data))]
+    lines = [
+        text
+        for text, _ in terminal.fleet_lines(
+            ReportView.from_document(_document(fleet.s, measured, data), "results.json")
+        )
+    ]
     table = lines[1].splitlines()
     assert table[-1].split() == ["round_robin", "2", "-", "-/-", "-/-", "-", *table[-1].split()[6:9], "-"]
     assert lines[2].startswith("FLEET R-c8-round_robin: cannot account for the fleet run R-c8-round_robin")
@@ -155,7 +157,7 @@ def test_median_interval_is_seeded_and_holds_the_median() -> None:
 
 
 def test_the_terminal_summary_shows_the_fleet_table(fleet: SimpleNamespace) -> None:
-    view = ReportView.from_session(_session(fleet.s, fleet.measured), fleet.data)
+    view = ReportView.from_document(_document(fleet.s, fleet.measured, fleet.data), "results.json")
     lines = [text for text, _ in terminal.summary_lines(view)]
     assert lines[0] == "model tiny-llama-v1-e18e6ae6be32 (cpu profile)"  # no OFF>ON legend without a pair
     assert " KV tokens each of 2 replicas, hash sha256, " in lines[1]
@@ -169,14 +171,14 @@ def test_the_terminal_summary_shows_the_fleet_table(fleet: SimpleNamespace) -> N
     assert ch[:6] == ["consistent_hash", "2", "30+0", "1/1", "59,392/59,392", "0.0%"]
     row = fleet.rows["consistent_hash"]
     assert ch[6:8] == [
-        terminal._num(row["median_ttft_ms"]),
-        f"[{terminal._num(row['median_ttft_low_ms'])}..{terminal._num(row['median_ttft_high_ms'])}]",
+        formatting.num(row["median_ttft_ms"]),
+        f"[{formatting.num(row['median_ttft_low_ms'])}..{formatting.num(row['median_ttft_high_ms'])}]",
     ]
     assert all(len(line) <= 120 for line in [lines[2], *table])
 
 
 def test_summary_md_shows_the_fleet_table(fleet: SimpleNamespace) -> None:
-    text = markdown.markdown(ReportView.from_session(_session(fleet.s, fleet.measured), fleet.data))
+    text = markdown.markdown(ReportView.from_document(_document(fleet.s, fleet.measured, fleet.data), "results.json"))
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("| route "))
     rr = next(line for line in lines if line.startswith("| round_robin "))
@@ -194,7 +196,8 @@ def test_a_fleet_document_validates(fleet: SimpleNamespace) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     doc = json.loads(json.dumps(_document(fleet.s, fleet.measured, fleet.data), default=str))
     assert doc["schema_version"] == results.SCHEMA_VERSION == 4
-    assert 3 in results.SCHEMA_VERSIONS and 4 in results.SCHEMA_VERSIONS
+    assert 3 in results.SCHEMA_VERSIONS
+    assert 4 in results.SCHEMA_VERSIONS
     schema = json.loads(SCHEMA_PATH.read_text())
     jsonschema.validate(doc, schema)
     assert [row["id"] for row in doc["fleet"]] == ["R-c8-consistent_hash", "R-c8-round_robin"]
@@ -228,7 +231,7 @@ def test_report_prints_the_fleet_table_of_a_results_file(
     status, lines = _cli(capsys, "report", str(path))
     assert status == 0
     assert lines[0].startswith("apc validation: schema_version 4, started 2026-12-01")
-    view = ReportView.from_session(_session(fleet.s, fleet.measured, str(path)), fleet.data)
+    view = ReportView.from_document(_document(fleet.s, fleet.measured, fleet.data), str(path))
     live = [text for text, _ in terminal.summary_lines(view)]
     assert lines[1:] == "\n".join(live).splitlines()  # as the run printed it
     assert any(line.split()[:3] == ["round_robin", "2", "15+15"] for line in lines)
@@ -260,17 +263,18 @@ def test_compare_says_fleet_runs_are_not_gated_only_without_pairs(
     status, lines = _cli(capsys, "compare", str(path), str(path))
     assert status == 1
     assert (
-        f"FAIL baseline: baseline {path} has no measured pairs to compare with: its fleet runs "
-        "(R-c8-consistent_hash, R-c8-round_robin) are not gated (the gate compares OFF/ON pair rows only)"
+        f"FAIL baseline: baseline {path} has no measured runs to compare with: its fleet runs "
+        "(R-c8-consistent_hash, R-c8-round_robin) are not gated (the gate compares single-server runs only)"
     ) in lines
-    h200 = json.loads(H200.read_text())
     status, lines = _cli(capsys, "compare", str(H200), str(path))
     assert status == 1
     assert f"FAIL baseline: nothing was measured to compare with baseline {H200}: the fleet runs " in "\n".join(lines)
 
-    # Pairs and fleet rows in one file: the pairs are gated, the fleet rows pass unmentioned.
-    both = {**h200, "schema_version": 3, "fleet": json.loads(path.read_text())["fleet"]}
-    status, lines = _cli(capsys, "compare", str(H200), str(_write(tmp_path, "both.json", both)))
+    # Single-server runs and fleet runs in one file: the former are gated, the fleet runs pass unmentioned.
+    gated = REPO / "docs" / "results" / "h200-gate" / "same-build" / "cd-1" / "results.json"
+    single, fleet_doc = json.loads(gated.read_text()), json.loads(path.read_text())
+    both = {**single, "runs": single["runs"] + fleet_doc["runs"], "fleet": fleet_doc["fleet"]}
+    status, lines = _cli(capsys, "compare", str(gated), str(_write(tmp_path, "both.json", both)))
     assert status == 0
     assert lines[-1] == "baseline gate: passed"
     assert not any("not gated" in line for line in lines)

@@ -139,11 +139,11 @@ def test_an_option_whose_tests_are_deselected_says_so(apc_suite: pytest.Pytester
 def test_unused_settings_are_session_warnings_whatever_set_them(
     apc_suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Sweep settings from the environment with the sweep deselected, a baseline with no pair selected,
-    and levels no planned pair reaches: each named with where it came from."""
+    """Sweep settings from the environment with the sweep deselected, and levels no planned pair reaches:
+    each named with where it came from."""
     monkeypatch.setenv("PYTEST_APC_SWEEP_CASES", "CD")
     reprec = apc_suite.inline_run(
-        "--collect-only", "-m", "not sweep", "-k", "test_cached_tokens", "--cpu-node", "--apc-baseline=b.json",
+        "--collect-only", "-m", "not sweep", "-k", "test_cached_tokens", "--cpu-node",
         "--apc-sweep-concurrency=1,4", "--apc-low-concurrency=2", "--apc-pure-gain-concurrency=4",
     )  # fmt: skip
     assert _session_warnings(reprec) == [
@@ -151,8 +151,6 @@ def test_unused_settings_are_session_warnings_whatever_set_them(
         "(they are marked sweep; -m 'not sweep' -k 'test_cached_tokens' deselected them)",
         "--apc-sweep-cases CD (environment variable PYTEST_APC_SWEEP_CASES): no selected test runs the concurrency "
         "sweep (they are marked sweep; -m 'not sweep' -k 'test_cached_tokens' deselected them)",
-        "--apc-baseline b.json (option --apc-baseline): no selected test measures an OFF/ON pair, so the gate has "
-        "no row to compare (14 tests would; -m 'not sweep' -k 'test_cached_tokens' deselected them)",
         "--apc-low-concurrency 2 (option --apc-low-concurrency): no selected test judges the E/F pair at "
         "concurrency 2 or below (E/F planned at concurrency 8; they are marked sweep; -m 'not sweep' "
         "-k 'test_cached_tokens' deselected them)",
@@ -162,10 +160,28 @@ def test_unused_settings_are_session_warnings_whatever_set_them(
     ]
 
 
+def test_the_gates_settings_are_unused_without_a_baseline_or_a_run_to_gate(apc_suite: pytest.Pytester) -> None:
+    """Fleet runs are not gated: with only them selected the baseline is unused; the gate's own settings
+    without a baseline are unused whatever is selected."""
+    reprec = apc_suite.inline_run(
+        "--collect-only", "-m", "fleet", "--cpu-node", "--apc-baseline=b.json", "--apc-baseline-false-alarm=0.05"
+    )
+    assert _session_warnings(reprec) == [
+        "--apc-baseline b.json (option --apc-baseline): no selected test measures a single-server run, so the gate "
+        "has no run to compare (35 tests would; -m 'fleet' deselected them)",
+        "--apc-baseline-false-alarm 0.05 (option --apc-baseline-false-alarm): no selected test measures a "
+        "single-server run, so the gate has no run to compare (35 tests would; -m 'fleet' deselected them)",
+    ]
+    reprec = apc_suite.inline_run("--collect-only", "-m", "pure", "--cpu-node", "--apc-baseline-repeats=5")
+    assert _session_warnings(reprec) == [
+        "--apc-baseline-repeats 5 (option --apc-baseline-repeats): no --apc-baseline is given, so the gate does not run"
+    ]
+
+
 def test_the_default_run_and_options_that_are_used_warn_of_nothing(apc_suite: pytest.Pytester) -> None:
     strict = ("-W", "error::pytest_apc.plugin.ApcUnusedOptionWarning")
     assert apc_suite.runpytest("--collect-only", "-q", "-m", "apc", "--cpu-node", *strict).ret == pytest.ExitCode.OK
-    used = ["--apc-hash-algos=sha256_cbor", "--apc-baseline=b.json", "--apc-baseline-tolerance=ttft_on=20%",
+    used = ["--apc-hash-algos=sha256_cbor", "--apc-baseline=b.json", "--apc-baseline-false-alarm=0.05",
             "--apc-low-concurrency=2", "--apc-pure-gain-concurrency=0", "--apc-sweep-cases=CDF",
             "--apc-sweep-concurrency=1,8", "--apc-prefix-len=4096", "--apc-suffix-len=64", "--apc-input-len=4096",
             "--apc-rag-prefix-len=4000", "--apc-url-on=http://on:8000", "--apc-url-off=http://off:8000"]  # fmt: skip

@@ -8,10 +8,11 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
-from pytest_apc import verdict
+from pytest_apc import results, verdict
 from pytest_apc.cases import RunKey
 from pytest_apc.records import Measured
-from pytest_apc.report import gate, markdown, rows, terminal
+from pytest_apc.report import formatting, gate, markdown, rows, terminal
+from pytest_apc.report.controller import report_blocks
 from pytest_apc.report.view import ReportView
 from tests.test_verdict import delta, off_delta, record, settings
 
@@ -24,6 +25,16 @@ def _session(s, runs):
 def _data(apc, verdicts=(), failed=()) -> rows.ReportData:
     """The report's rows, computed once, as the controller does after the tests ran."""
     return rows.ReportData.build(apc.measured.records, rows.Outcomes(list(verdicts), set(failed)), apc.settings)
+
+
+def _document(apc, data) -> dict:
+    """The session's results document, as the controller builds it for every report."""
+    doc = results.document(apc.settings, apc.measured, apc.json_model(), "2026-12-01T00:00:00+00:00", 1.0)
+    return {**doc, **report_blocks(data, gate.Gate())}
+
+
+def _view(apc, data) -> ReportView:
+    return ReportView.from_document(_document(apc, data), apc.json_path)
 
 
 def _algo_run(s, base, algo: str, ttft_ms: float, hits: int | None = None):
@@ -39,13 +50,13 @@ def _judged(v: verdict.Verdict, test: str) -> dict:
 
 
 def test_number_format_reads_at_every_magnitude() -> None:
-    assert terminal._num(31224.8) == "31,225"  # no 3.122e+04
-    assert terminal._num(950736) == "950,736"
-    assert terminal._num(1.4944) == "1.49"
-    assert terminal._num(47.404) == "47.4"
-    assert terminal._num(None) == "-"
-    assert terminal._num(True) == "yes"
-    assert terminal._num(0.478, ".1%") == "47.8%"
+    assert formatting.num(31224.8) == "31,225"  # no 3.122e+04
+    assert formatting.num(950736) == "950,736"
+    assert formatting.num(1.4944) == "1.49"
+    assert formatting.num(47.404) == "47.4"
+    assert formatting.num(None) == "-"
+    assert formatting.num(True) == "yes"
+    assert formatting.num(0.478, ".1%") == "47.8%"
 
 
 def test_a_failed_algorithm_comparison_fails_its_row_not_the_default_pair(pytester) -> None:
@@ -75,7 +86,7 @@ def test_a_failed_algorithm_comparison_fails_its_row_not_the_default_pair(pytest
     table = terminal.algo_table(data.algo_numbers()).splitlines()
     assert any(line.startswith("D xxhash") and line.endswith("FAIL") for line in table)
     assert any(line.startswith("D sha256_cbor") and line.endswith("PASS") for line in table)
-    summary = markdown.markdown(ReportView.from_session(apc, data))
+    summary = markdown.markdown(_view(apc, data))
     algo_lines = [line for line in summary.splitlines() if line.startswith("| D ") and "| sha256 " in line]
     assert [("xxhash" in line, line.split("|")[-2].strip()) for line in algo_lines] == [(False, "PASS"), (True, "FAIL")]
 
@@ -122,8 +133,6 @@ def test_an_algorithm_row_without_per_request_samples_shows_dashes(pytester) -> 
 
 def test_the_rows_are_computed_once_whatever_reads_them(pytester, monkeypatch, tmp_path) -> None:
     """The bootstrap behind a row runs when the rows are built, not again for the table, Markdown or gate."""
-    import json
-
     s = settings(pytester)
     off = record(s, "C", 8, off_delta(s, "C"), 120.0)
     on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 40.0)
@@ -134,13 +143,11 @@ def test_the_rows_are_computed_once_whatever_reads_them(pytester, monkeypatch, t
     data = _data(apc)
     assert calls == ["C-c8/D-c8"]
 
-    baseline = tmp_path / "baseline.json"
-    before = {**data.pairs[0].numbers, "cached_tokens": data.pairs[0].numbers["cached_tokens"] * 2}
-    results = {"profile": "cpu", "model": "tiny", "settings": s.as_dict(), "servers": [], "pairs": [before]}
-    baseline.write_text(json.dumps(results))
+    baseline = _document(apc, data)
+    baseline["runs"][1]["repeat_counters"][0]["delta"]["prefix_cache_hits"] *= 2
     assert "C/D" in terminal.table(data.pair_numbers())
-    assert "| C/D " in markdown.markdown(ReportView.from_session(apc, data))
-    failures = gate.compare_baseline(apc, data, baseline).failures
+    assert "| C/D " in markdown.markdown(_view(apc, data))
+    failures = gate.compare_documents(baseline, _document(apc, data), str(tmp_path), 0.01, 1).failures
     assert len(failures) == 1
-    assert failures[0].startswith("C/D c8: cached tokens ")
+    assert failures[0].startswith("D-c8: cached tokens ")
     assert calls == ["C-c8/D-c8"]  # nothing recomputed

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from pytest_apc import results
 from pytest_apc.redaction import redact
 from pytest_apc.report.environment import environment
 from pytest_apc.report.gate import Gate, compare_baseline
@@ -46,6 +47,7 @@ class ControllerReporter:
         self.outcomes = Outcomes()
         self.gate = Gate()
         self.data: ReportData | None = None
+        self._environment: dict[str, Any] | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         properties = dict(report.user_properties)
@@ -64,15 +66,30 @@ class ControllerReporter:
             self.data = ReportData.build(self.apc.measured.records, self.outcomes, self.apc.settings)
         return self.data
 
+    def document(self) -> dict[str, Any]:
+        """This session's results document as results.json holds it: what every report reads."""
+        if self._environment is None:
+            self._environment = environment(self.apc.measured.servers, self.apc.run_dir.parent)
+        measured = self.apc.to_json()
+        timing = measured.pop("timing")  # stays the last block
+        blocks = report_blocks(self.report_data(), self.gate)
+        return {**measured, "environment": self._environment, **blocks, "timing": timing}
+
+    def view(self) -> ReportView:
+        return ReportView.from_document(self.document(), str(self.apc.json_path))
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Any:
         # The gate must change testsfailed before pytest_sessionfinish computes the exit status.
         result = yield
         if self.config.option.collectonly:
             return result  # nothing was measured, so there is nothing to gate
-        data = self.report_data()
-        if self.apc.settings.baseline:
-            self.gate = compare_baseline(self.apc, data, Path(self.apc.settings.baseline))
+        settings = self.apc.settings
+        if settings.baseline:
+            self.gate = compare_baseline(
+                self.document(), Path(settings.baseline), settings.baseline_false_alarm, settings.baseline_repeats
+            )
+            self.apc.measured.warnings.extend(self.gate.warnings)
             if self.gate.failures:
                 session.testsfailed += 1
         return result
@@ -82,7 +99,7 @@ class ControllerReporter:
         if self.config.option.collectonly:
             return  # nothing ran: no results to write
         apc, data = self.apc, self.report_data()
-        text = redact(markdown(ReportView.from_session(apc, data, self.gate)))
+        text = redact(markdown(self.view()))
         md_path = Path(apc.settings.markdown) if apc.settings.markdown else apc.json_path.with_name("summary.md")
         md_path.parent.mkdir(parents=True, exist_ok=True)
         md_path.write_text(text)
@@ -91,16 +108,11 @@ class ControllerReporter:
                 handle.write(text)
         apc.json_path.parent.mkdir(parents=True, exist_ok=True)
         written = plots(data, apc.json_path.parent)
-        blocks = report_blocks(data, self.gate)
-        apc.write_json(
-            extra={
-                "verdicts": blocks.pop("verdicts"),
-                "environment": environment(apc.measured.servers, apc.run_dir.parent),
-                **blocks,
-                "files": {"json": str(apc.json_path), "markdown": str(md_path), "plots": written},
-            }
-        )
+        doc = self.document()
+        doc["files"] = {"json": str(apc.json_path), "markdown": str(md_path), "plots": written}
+        doc["timing"] = doc.pop("timing")  # stays the last block
+        results.write(apc.json_path, doc)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.config.option.collectonly:
-            terminal_summary(terminalreporter, self.apc, self.report_data(), self.gate)
+            terminal_summary(terminalreporter, self.view())

@@ -13,14 +13,14 @@ import platform
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import pytest_apc
-from pytest_apc.records import ServerInfo
+from pytest_apc.records import EXTERNAL, ServerInfo
 
 # Server flags that set the layout and precision, with vLLM's short forms, and what they default to.
 LAYOUT_FLAGS = {
@@ -52,22 +52,25 @@ def flag_value(command: Sequence[str], names: Sequence[str]) -> str | None:
     return found
 
 
-def server_layout(info: ServerInfo) -> dict[str, str | None]:
-    """Tensor- and data-parallel size, dtype and KV-cache dtype of one server: from its command line when
-    pytest-apc launched it (vLLM's default when the flag is absent); the KV-cache dtype from
-    ``vllm:cache_config_info`` when the server published it; None where nothing tells (an external server)."""
+def server_layout(server: Mapping[str, Any]) -> dict[str, str | None]:
+    """Tensor- and data-parallel size, dtype and KV-cache dtype of one server (a ``servers[]`` entry of a
+    results file): from its command line when pytest-apc launched it (vLLM's default when the flag is
+    absent); the KV-cache dtype from ``vllm:cache_config_info`` when the server published it; None where
+    nothing tells (an external server)."""
+    command = [str(part) for part in server.get("command") or []]
+    external = command[:1] == [EXTERNAL]
     layout: dict[str, str | None] = {}
     for key, (names, default) in LAYOUT_FLAGS.items():
-        layout[key] = None if info.external else (flag_value(info.command, names) or default)
-    cache_dtype = info.cache_config.get("cache_dtype")
+        layout[key] = None if external or not command else (flag_value(command, names) or default)
+    cache_dtype = (server.get("cache_config") or {}).get("cache_dtype")
     if cache_dtype:
-        layout["kv_cache_dtype"] = cache_dtype
+        layout["kv_cache_dtype"] = str(cache_dtype)
     return layout
 
 
-def layouts(servers: Mapping[str, ServerInfo]) -> dict[str, dict[str, str | None]]:
+def layouts(servers: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str | None]]:
     """Every server's layout, by mode (``apc-on``, ``apc-off``, ...)."""
-    return {mode: server_layout(info) for mode, info in sorted(servers.items())}
+    return {str(server.get("mode")): server_layout(server) for server in servers}
 
 
 def visible_gpu_names() -> list[str]:
@@ -109,7 +112,7 @@ def environment(servers: Mapping[str, ServerInfo], results_dir: Path) -> dict[st
         # The GPUs the servers could use: their model and count decide whether two runs compare.
         "gpu_model": ", ".join(sorted(set(visible))) or None,
         "gpu_count": len(visible),
-        "layout": layouts(servers),
+        "layout": layouts(info.__dict__ for info in servers.values()),
         "vllm_router": router,  # the router a launched fleet ran behind
         # The results folder's repository, else the one pytest ran in.
         "git_commit": _run("git", "-C", str(results_dir), "rev-parse", "HEAD") or _run("git", "rev-parse", "HEAD"),

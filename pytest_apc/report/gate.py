@@ -1,11 +1,18 @@
-"""The baseline gate: this run's pair rows against a stored results file (``--apc-baseline``), and one
-results file against another (``python -m pytest_apc compare``), by the same rules
-(:func:`compare_documents`).
+"""The baseline gate: this run against a stored results file (``--apc-baseline``), and one results file
+against another (``python -m pytest_apc compare``), by the same rules (:func:`compare_documents`).
 
-The gate fails the session when the baseline cannot be read, was measured under conditions that make its
-numbers incomparable (profile, model, lengths, prompts, block size), shares no row with this run, or when a
-row regressed beyond ``--apc-baseline-tolerance``. Every compared row is kept, passing or not, so the
-terminal and ``results.json`` show what the gate looked at.
+Each run both files have (``C-c8``, ``D-c8``, ...) is judged on two things:
+
+* **mean TTFT over its cold repeats** (:mod:`pytest_apc.noise`): a regression when it rose beyond the
+  limit that the run-to-run noise allows, so that a build that did not change fails the whole gate with
+  probability at most ``--apc-baseline-false-alarm`` (split over the runs judged);
+* **cached tokens** (APC-on runs): exact; fewer than the baseline's is a regression.
+
+The gate also fails when the baseline cannot be read, was measured under conditions that make its numbers
+incomparable (profile, model, workload, block size, GPU model or count, parallel layout, dtype), has fewer
+repeats than the rule needs, or shares no run with this one. Another vLLM or torch version is compared, and
+named. Every compared run is kept, passing or not, so the terminal and ``results.json`` show what the gate
+looked at.
 """
 
 from __future__ import annotations
@@ -15,15 +22,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pytest_apc.config import default_for, model_path_for_display
-from pytest_apc.report.rows import ReportData
-from pytest_apc.report.terminal import _num
+from pytest_apc import noise
+from pytest_apc.config import model_path_for_display
+from pytest_apc.report.environment import layouts
+from pytest_apc.report.formatting import num, percent
 from pytest_apc.report.view import fleet_run_ids
-
-if TYPE_CHECKING:
-    from pytest_apc.session import ApcSession
 
 # Settings that change what a run measures: a baseline with another value is not comparable.
 COMPARED_SETTINGS = (
@@ -41,24 +46,21 @@ COMPARED_SETTINGS = (
 SETTINGS_BEFORE_THEY_EXISTED: dict[str, Any] = {"model_shape": ""}
 # The version the generated models' names encode: tiny-llama-v3-<digest>, llama-3.1-8b-shape-v1-<digest>.
 _GENERATED_VERSION = re.compile(r"^(?P<kind>.+)-v(?P<version>\d+)-[0-9a-f]+$")
-
-# (metric key of --apc-baseline-tolerance, label, key of a pair row, +1 when higher is worse / -1 lower)
-METRICS = (
-    ("ttft_on", "median TTFT ON (ms)", "median_ttft_on_ms", +1),
-    ("speedup", "TTFT gain OFF/ON", "ttft_speedup", -1),
-    ("cached_tokens", "cached tokens", "cached_tokens", -1),
-)
+# Versions of the software under test: what a release gate compares, so a difference is named, not refused.
+VERSIONS = ("vllm", "torch")
 
 
 @dataclass
 class Gate:
-    """What the gate decided: failures fail the session; rows are every compared row, passing or not."""
+    """What the gate decided: failures fail the session; rows are every compared run, passing or not."""
 
     baseline: str | None = None
     failures: list[str] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     not_comparable: list[dict[str, Any]] = field(default_factory=list)  # {"what", "here", "there"}
-    warnings: list[str] = field(default_factory=list)  # rows of this run the baseline lacks (not in to_json)
+    changes: list[dict[str, Any]] = field(default_factory=list)  # versions that differ: compared, and named
+    rule: dict[str, Any] = field(default_factory=dict)  # what the gate applied (the statistic, K, alpha)
+    warnings: list[str] = field(default_factory=list)  # runs of this run the baseline lacks (not in to_json)
 
     @property
     def compared(self) -> int:
@@ -75,6 +77,8 @@ class Gate:
             "compared": self.compared,
             "regressed": self.regressed,
             "not_comparable": self.not_comparable,
+            "changes": self.changes,
+            "rule": self.rule,
             "rows": self.rows,
         }
 
@@ -101,10 +105,37 @@ def _model_difference(here: str, there: str) -> dict[str, Any] | None:
     return difference
 
 
+def _gpus(doc: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """GPU model and count a results document ran with; files before schema_version 4 listed every GPU of
+    the node (``environment.gpus``); (None, None) when nothing was recorded."""
+    env = doc.get("environment") or {}
+    if "gpu_count" in env:
+        return env.get("gpu_model"), int(env["gpu_count"])
+    listed = env.get("gpus")
+    if isinstance(listed, list):
+        return ", ".join(sorted(set(map(str, listed)))) or None, len(listed)
+    return None, None
+
+
+def _hardware_differences(here: Mapping[str, Any], there: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """GPU model and count, and each server's parallel layout and precision, where both sides recorded them."""
+    found: list[dict[str, Any]] = []
+    for what, mine, theirs in zip(("gpu_model", "gpu_count"), _gpus(here), _gpus(there), strict=True):
+        if mine is not None and theirs is not None and mine != theirs:
+            found.append({"what": what, "here": mine, "there": theirs})
+    here_layout, there_layout = layouts(here.get("servers") or []), layouts(there.get("servers") or [])
+    for mode in sorted(here_layout.keys() & there_layout.keys()):
+        for key, mine_value in here_layout[mode].items():
+            theirs_value = there_layout[mode].get(key)
+            if mine_value is not None and theirs_value is not None and mine_value != theirs_value:
+                found.append({"what": f"{key} ({mode})", "here": mine_value, "there": theirs_value})
+    return found
+
+
 def differences(here: Mapping[str, Any], there: Mapping[str, Any]) -> list[dict[str, Any]]:
     """What makes the numbers of results document ``here`` (this run) incomparable with those of ``there``
     (the baseline), one entry per difference. Each document needs ``profile``, ``model``, ``settings`` and
-    ``servers`` as results.json holds them."""
+    ``servers`` as results.json holds them; ``environment`` where it has one."""
     found: list[dict[str, Any]] = []
     if here.get("profile") != there.get("profile"):
         found.append({"what": "profile", "here": here.get("profile"), "there": there.get("profile")})
@@ -129,7 +160,17 @@ def differences(here: Mapping[str, Any], there: Mapping[str, Any]) -> list[dict[
         if here_blocks[mode] != there_blocks[mode]:
             what = "block_size" if mode == "apc-on" else f"block_size ({mode})"
             found.append({"what": what, "here": here_blocks[mode], "there": there_blocks[mode]})
-    return found
+    return found + _hardware_differences(here, there)
+
+
+def version_changes(here: Mapping[str, Any], there: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The versions of vLLM and torch that differ (where both sides recorded them): compared, and named."""
+    here_env, there_env = here.get("environment") or {}, there.get("environment") or {}
+    return [
+        {"what": name, "here": here_env.get(name), "there": there_env.get(name)}
+        for name in VERSIONS
+        if here_env.get(name) and there_env.get(name) and here_env.get(name) != there_env.get(name)
+    ]
 
 
 def _difference_text(differences_: list[dict[str, Any]]) -> str:
@@ -144,47 +185,154 @@ def _difference_text(differences_: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def _row_names(rows: Any) -> str:
-    names = sorted({(str(r["pair"]), int(r["concurrency"])) for r in rows})
-    return ", ".join(f"{pair} c{c}" for pair, c in names) or "none"
+def _run_names(ids: Any) -> str:
+    return ", ".join(sorted(ids)) or "none"
 
 
-def compare_rows(
-    rows: list[dict[str, Any]],
-    old_rows: dict[tuple[str, int], dict[str, Any]],
-    tolerances: Mapping[str, tuple[str, float]],
+def _hits(run: Mapping[str, Any]) -> list[int] | None:
+    """The prefix-cache hits of every repeat of an APC-on run; None for an OFF run or missing counters."""
+    if not run.get("apc"):
+        return None
+    hits = [(c.get("delta") or {}).get("prefix_cache_hits") for c in run.get("repeat_counters") or []]
+    known = [int(h) for h in hits if h is not None]
+    if hits and len(known) == len(hits):
+        return known
+    first = run.get("prefix_cache_hits")  # files that kept only the first repeat's counters
+    return None if first is None else [int(first)]
+
+
+def calibration_of(doc: Mapping[str, Any]) -> noise.Calibration | None:
+    """The calibration ``calibrate --write`` stored in a results file, if any."""
+    stored = doc.get("calibration")
+    return noise.Calibration.from_json(stored) if isinstance(stored, Mapping) else None
+
+
+def noise_for(run_id: str, baseline_doc: Mapping[str, Any], baseline: str) -> noise.Noise:
+    """The noise the gate assumes for one run: the baseline's calibration where it measured the run, else
+    the default of the baseline's profile."""
+    default = noise.PROFILE_NOISE.get(str(baseline_doc.get("profile")), noise.PROFILE_NOISE["gpu"])
+    calibration = calibration_of(baseline_doc)
+    if calibration is None:
+        return default
+    source = f"the calibration in {baseline} ({len(calibration.files)} results files)"
+    return calibration.noise(run_id, default, source)
+
+
+def _ttft_metric(
+    run_id: str, before: list[float], now: list[float], spread: noise.Noise, alpha: float
+) -> dict[str, Any]:
+    was, current = noise.k_center(before), noise.k_center(now)
+    limit = spread.limit(len(before), len(now), alpha)
+    regressed = current / was > limit
+    return {
+        "metric": "ttft",
+        "label": noise.STATISTIC_LABEL,
+        "was": was,
+        "now": current,
+        "change": current / was,
+        "limit": was * limit,
+        "allowed": limit,
+        "detectable": spread.detectable(len(before), len(now), alpha),
+        "within": spread.within,
+        "between": spread.between,
+        "noise": spread.source,
+        "result": "REGRESSED" if regressed else "ok",
+    }
+
+
+def _observed_spread_warning(run_id: str, before: list[float], now: list[float], assumed: noise.Noise) -> str | None:
+    """A warning when the repeats of the two runs spread far more than the noise the limit assumes (twice
+    the assumed within-run spread, with at least 4 degrees of freedom): the node is noisier than measured."""
+    observed = noise.spread([before, now])
+    if observed.within is None or observed.within_df < 4 or observed.within <= 2 * assumed.within:
+        return None
+    return (
+        f"{run_id}: its repeats spread {observed.within:.1%} (within a run), more than twice the "
+        f"{assumed.within:.1%} the limit assumes ({assumed.source}): the gate's false-alarm rate is not what it "
+        "says on this node; calibrate it (python -m pytest_apc calibrate)"
+    )
+
+
+def compare_runs(
+    new_runs: Mapping[str, dict[str, Any]],
+    old_runs: Mapping[str, dict[str, Any]],
+    baseline_doc: Mapping[str, Any],
     baseline: str,
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """Each of ``rows`` that the baseline has, metric by metric; and the failure messages of regressions."""
-    compared, failures = [], []
-    for row in rows:
-        before = old_rows.get((row["pair"], row["concurrency"]))
-        if before is None:
-            continue
-        name = f"{row['pair']} c{row['concurrency']}"
+    false_alarm: float,
+    min_repeats: int,
+) -> tuple[list[dict[str, Any]], list[str], list[str], dict[str, Any]]:
+    """Every run of ``new_runs`` that the baseline has: (rows, failures, warnings, rule)."""
+    shared = [run_id for run_id in sorted(new_runs) if run_id in old_runs]
+    values = {
+        run_id: (noise.repeat_values(old_runs[run_id]), noise.repeat_values(new_runs[run_id])) for run_id in shared
+    }
+    failures: list[str] = []
+    for run_id, (before, now) in values.items():
+        if before is None or len(before) < min_repeats:
+            have = "no per-repeat TTFT" if before is None else f"{len(before)} cold repeat{'s' * (len(before) != 1)}"
+            failures.append(
+                f"baseline {baseline} has {have} of {run_id}; the gate needs {min_repeats} or more (measure the "
+                f"baseline with --apc-repeats {min_repeats})"
+            )
+        elif now is None:
+            failures.append(f"{run_id}: no per-repeat TTFT in this run to compare with baseline {baseline}")
+    judged = [run_id for run_id, (before, now) in values.items() if before and now and len(before) >= min_repeats]
+    alpha = false_alarm / max(1, len(judged))
+    # What the repeats cost: every judged run's benchmark time here, and how much of it one repeat each would save.
+    seconds = {
+        run_id: [float(c.get("duration_s") or 0.0) for c in new_runs[run_id].get("repeat_counters") or []]
+        for run_id in judged
+    }
+    rule = {
+        "benchmark_s": sum(sum(d) for d in seconds.values()),
+        "extra_s": sum(sum(d) - sum(d) / len(d) for d in seconds.values() if d),
+        "statistic": noise.STATISTIC,
+        "label": noise.STATISTIC_LABEL,
+        "false_alarm": false_alarm,
+        "runs_judged": len(judged),
+        "alpha_per_run": alpha,
+        "min_repeats": min_repeats,
+    }
+    rows, warnings = [], []
+    for run_id in shared:
         metrics = []
-        for metric, label, key, direction in METRICS:
-            was, now = before.get(key), row.get(key)
-            kind, amount = tolerances[metric]
-            tolerance = f"{amount:g}%" if kind == "%" else f"{amount:g}"
-            entry: dict[str, Any] = {"metric": metric, "label": label, "was": was, "now": now, "tolerance": tolerance}
-            if was is None or now is None:
-                compared_metric = {**entry, "allowed": None, "limit": None, "result": "not compared"}
-                metrics.append(compared_metric)
-                continue
-            allowed = abs(was) * amount / 100 if kind == "%" else amount
-            worse = (now - was) * direction  # > 0 means a regression
-            regressed = worse > allowed
-            metrics.append({**entry, "allowed": allowed, "limit": was + direction * allowed,
-                            "result": "REGRESSED" if regressed else "ok"})  # fmt: skip
-            if regressed:
+        before, now = values[run_id]
+        if run_id in judged and before and now:
+            spread = noise_for(run_id, baseline_doc, baseline)
+            metric = _ttft_metric(run_id, before, now, spread, alpha)
+            metrics.append(metric)
+            if metric["result"] != "ok":
                 failures.append(
-                    f"{name}: {label} {_num(was)} -> {_num(now)} regressed by {_num(worse)} (allowed {tolerance}) "
+                    f"{run_id}: {noise.STATISTIC_LABEL} {num(metric['was'])} -> {num(metric['now'])} ms "
+                    f"({percent(metric['change'])}) is above the limit {num(metric['limit'])} ms "
+                    f"({percent(metric['allowed'])} at {len(before)}/{len(now)} repeats; false alarm {alpha:.2%}) "
                     f"against {baseline}"
                 )
+            warning = _observed_spread_warning(run_id, before, now, spread)
+            if warning:
+                warnings.append(warning)
+        old_hits, new_hits = _hits(old_runs[run_id]), _hits(new_runs[run_id])
+        if old_hits is not None and new_hits is not None:
+            regressed = min(new_hits) < min(old_hits)
+            metrics.append(
+                {
+                    "metric": "cached_tokens",
+                    "label": "cached tokens",
+                    "was": min(old_hits),
+                    "now": min(new_hits),
+                    "limit": min(old_hits),
+                    "result": "REGRESSED" if regressed else "ok",
+                }
+            )
+            if regressed:
+                failures.append(
+                    f"{run_id}: cached tokens {num(min(old_hits))} -> {num(min(new_hits))} (fewest of any repeat) "
+                    f"fell by {num(min(old_hits) - min(new_hits))} against {baseline}"
+                )
         result = "REGRESSED" if any(m["result"] == "REGRESSED" for m in metrics) else "ok"
-        compared.append({"pair": row["pair"], "concurrency": row["concurrency"], "metrics": metrics, "result": result})
-    return compared, failures
+        repeats = [len(before or []), len(now or [])]
+        rows.append({"run": run_id, "repeats": repeats, "metrics": metrics, "result": result})
+    return rows, failures, warnings, rule
 
 
 class UnreadableResults(Exception):
@@ -202,83 +350,58 @@ def read_results(path: Path, role: str = "results file") -> dict[str, Any]:
     return doc
 
 
-def tolerances_of(doc: Mapping[str, Any]) -> dict[str, tuple[str, float]]:
-    """The baseline tolerances a results file ran with (``settings.baseline_tolerance``, whose pairs JSON
-    stores as lists); where it has none, the default of its profile. Metrics it lacks keep their defaults."""
-    found: dict[str, tuple[str, float]] = dict(default_for("baseline_tolerance", doc.get("profile")))
-    stored = (doc.get("settings") or {}).get("baseline_tolerance")
-    if isinstance(stored, dict):
-        for metric, value in stored.items():
-            if metric in found and isinstance(value, (list, tuple)) and len(value) == 2:
-                found[metric] = (str(value[0]), float(value[1]))
-    return found
-
-
 def compare_documents(
-    old: Mapping[str, Any], new: Mapping[str, Any], baseline: str, tolerances: Mapping[str, tuple[str, float]]
+    old: Mapping[str, Any], new: Mapping[str, Any], baseline: str, false_alarm: float, min_repeats: int
 ) -> Gate:
     """The gate's rules: results document ``new`` against the baseline document ``old`` (read from
-    ``baseline``, which the messages name). Refused (a failure) when the baseline has no pairs, ``new`` has
-    none, they were measured under other conditions, or they share no row; a row of ``new`` the baseline
-    lacks, while others overlap, is a warning (``Gate.warnings``). Rows of hash-algorithm servers (kept
-    among the pairs by schema_version 1) and fleet runs (no OFF partner) are not gated; a refusal for want of
-    pairs names the fleet runs a document has instead."""
+    ``baseline``, which the messages name). Refused (a failure) when the baseline has no runs, ``new`` has
+    none, they were measured under other conditions, or they share no run; a run of ``new`` the baseline
+    lacks, while others overlap, is a warning (``Gate.warnings``). Fleet runs (case R) are not gated; a
+    refusal for want of runs names the fleet runs a document has instead."""
     gate = Gate(baseline=baseline)
-    if not old.get("pairs"):
+    old_runs, new_runs = noise.gated_runs(old), noise.gated_runs(new)
+    if not old_runs:
         why = _not_gated(old, "its") or " (an incomplete run?)"
-        gate.failures.append(f"baseline {baseline} has no measured pairs to compare with{why}")
+        gate.failures.append(f"baseline {baseline} has no measured runs to compare with{why}")
         return gate
-    rows = [r for r in new.get("pairs") or [] if not r.get("hash_algo")]
-    if not rows:
+    if not new_runs:
         gate.failures.append(f"nothing was measured to compare with baseline {baseline}{_not_gated(new, 'the')}")
         return gate
     gate.not_comparable = differences(new, old)
     if gate.not_comparable:
         gate.failures.append(f"not comparable with baseline {baseline}: {_difference_text(gate.not_comparable)}")
         return gate
-    old_rows = {(r["pair"], r["concurrency"]): r for r in old["pairs"] if not r.get("hash_algo")}
-    gate.rows, gate.failures = compare_rows(rows, old_rows, tolerances, baseline)
+    gate.changes = version_changes(new, old)
+    gate.rows, gate.failures, gate.warnings, gate.rule = compare_runs(
+        new_runs, old_runs, old, baseline, false_alarm, min_repeats
+    )
     if not gate.rows:
         gate.failures.append(
-            f"no row of this run is in baseline {baseline}: this run has {_row_names(rows)}; "
-            f"the baseline has {_row_names(old_rows.values())}"
+            f"no run of this run is in baseline {baseline}: this run has {_run_names(new_runs)}; "
+            f"the baseline has {_run_names(old_runs)}"
         )
         return gate
-    gate.warnings = [
-        f"baseline {baseline} has no row {row['pair']} c{row['concurrency']}: not compared"
-        for row in rows
-        if (row["pair"], row["concurrency"]) not in old_rows
+    gate.warnings += [
+        f"baseline {baseline} has no run {run_id}: not compared"
+        for run_id in sorted(new_runs)
+        if run_id not in old_runs
     ]
     return gate
 
 
 def _not_gated(doc: Mapping[str, Any], whose: str) -> str:
-    """``: the fleet runs (R-c8-round_robin) are not gated ...`` for a document with fleet runs; else ""."""
-    ids = fleet_run_ids(doc)  # the fleet rows' runs too: every fleet run is in runs[] with its route
+    """``: the fleet runs (R-c8-round_robin) are not gated`` for a document with fleet runs; else ""."""
+    ids = fleet_run_ids(doc)
     if not ids:
         return ""
-    return f": {whose} fleet runs ({', '.join(ids)}) are not gated (the gate compares OFF/ON pair rows only)"
+    return f": {whose} fleet runs ({', '.join(ids)}) are not gated (the gate compares single-server runs only)"
 
 
-def session_document(apc: ApcSession, data: ReportData) -> dict[str, Any]:
-    """What the gate reads of this session, as its results.json will hold it."""
-    return {
-        "profile": apc.settings.profile,
-        "model": apc.json_model(),
-        "settings": apc.settings.as_dict(),
-        "servers": [dict(info.__dict__) for info in apc.measured.servers.values()],
-        "pairs": data.pair_numbers(),
-        "fleet": data.fleet_numbers(),
-    }
-
-
-def compare_baseline(apc: ApcSession, data: ReportData, baseline_path: Path) -> Gate:
-    """This run against a stored results file (``--apc-baseline``), by :func:`compare_documents`; a file
-    that cannot be read is a failure of the gate. The gate's warnings become the session's."""
+def compare_baseline(document: Mapping[str, Any], baseline_path: Path, false_alarm: float, min_repeats: int) -> Gate:
+    """This run (its results document) against a stored results file (``--apc-baseline``), by
+    :func:`compare_documents`; a file that cannot be read is a failure of the gate."""
     try:
         old = read_results(baseline_path, "baseline")
     except UnreadableResults as err:
         return Gate(baseline=str(baseline_path), failures=[str(err)])
-    gate = compare_documents(old, session_document(apc, data), str(baseline_path), apc.settings.baseline_tolerance)
-    apc.measured.warnings.extend(gate.warnings)
-    return gate
+    return compare_documents(old, document, str(baseline_path), false_alarm, min_repeats)

@@ -11,7 +11,8 @@ from typing import Any
 from tabulate import tabulate
 
 from pytest_apc.cases import CASE_PURPOSE
-from pytest_apc.report.terminal import _num, first_line, fleet_lead, fleet_requests, fleet_verdict, server_lines
+from pytest_apc.report.formatting import first_line, num
+from pytest_apc.report.terminal import fleet_lead, fleet_requests, fleet_verdict, server_lines
 from pytest_apc.report.view import ReportView
 
 # (key of a pair row, column header), in the order of ReportData.pair_numbers()
@@ -78,7 +79,7 @@ def markdown(view: ReportView) -> str:
 
 
 def _md_cell(name: str, value: Any) -> str:
-    return _num(value, ".1%") if name == "hit_ratio" and value is not None else _num(value)
+    return num(value, ".1%") if name == "hit_ratio" and value is not None else num(value)
 
 
 def _fleet_cell(name: str, row: dict[str, Any]) -> str:
@@ -87,5 +88,5 @@ def _fleet_cell(name: str, row: dict[str, Any]) -> str:
     if name == "passed":
         return fleet_verdict(row)
     if name == "routing_cost":
-        return _num(row.get(name), ".1%")
-    return _num(row.get(name))
+        return num(row.get(name), ".1%")
+    return num(row.get(name))

@@ -1,5 +1,5 @@
 """What pytest prints: the header lines, progress lines, the validation, hash-algorithm and fleet tables,
-the server lines and the terminal summary; and the number formatters every output shares.
+the server lines and the terminal summary.
 
 The tables and the summary render a :class:`ReportView` (row dicts, as results.json stores them), so
 ``python -m pytest_apc report`` prints a results file through the same functions."""
@@ -9,52 +9,17 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 from tabulate import tabulate
 
 from pytest_apc.config import Settings, model_path_for_display
 from pytest_apc.redaction import redact
-from pytest_apc.report.rows import ReportData
+from pytest_apc.report.formatting import compact, first_line, num, percent
 from pytest_apc.report.view import ReportView
 
-if TYPE_CHECKING:
-    from pytest_apc.report.gate import Gate
-    from pytest_apc.session import ApcSession
-
 Markup = dict[str, bool]  # keyword arguments of pytest's TerminalWriter.write_line: red, yellow, bold
-
-
-def _num(value: Any, spec: str | None = None) -> str:
-    """One number for a table cell or a message: counts with thousands separators, other quantities whole
-    from 100 up and to three significant digits below; ``spec`` where a column needs its own."""
-    if value is None:
-        return "-"
-    if spec is not None:
-        return format(value, spec)
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int) or abs(value) >= 100 or value == 0:  # a zero limit reads "0", not "0.00"
-        return f"{value:,.0f}"
-    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
-
-
-def first_line(text: Any) -> str:
-    """The first line of a message ("" for none)."""
-    return (str(text or "").splitlines() or [""])[0]
-
-
-def _k(value: float | None) -> str:
-    """Compact throughput: 78.2k, 1.3M."""
-    if value is None:
-        return "-"
-    for unit, scale in (("M", 1e6), ("k", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.3g}{unit}"
-    return f"{value:.0f}"
 
 
 def header_lines(settings: Settings, verbose: bool) -> list[str]:
@@ -101,16 +66,16 @@ def table(rows: list[dict[str, Any]], verbose: bool = False) -> str:
         line = [
             n["pair"], n["concurrency"],
             "yes" if n.get("cache_hit_observed") else ("NO" if n.get("expected_cached_tokens") else "no"),
-            f"{_num(n.get('cached_tokens'))}/{_num(n.get('expected_cached_tokens'))}", _num(n.get("hit_ratio"), ".0%"),
-            f"{_num(n.get('median_ttft_off_ms'))}>{_num(n.get('median_ttft_on_ms'))}",
-            f"{_num(n.get('ttft_speedup'), '.2f')}x/{_num(n.get('prefill_bound'), '.3g')}x",
-            f"{_k(n.get('input_throughput_off'))}>{_k(n.get('input_throughput_on'))}",
-            f"{_k(n.get('output_throughput_off'))}>{_k(n.get('output_throughput_on'))}",
-            f"{_num(n.get('median_e2el_off_ms'))}>{_num(n.get('median_e2el_on_ms'))}",
+            f"{num(n.get('cached_tokens'))}/{num(n.get('expected_cached_tokens'))}", num(n.get("hit_ratio"), ".0%"),
+            f"{num(n.get('median_ttft_off_ms'))}>{num(n.get('median_ttft_on_ms'))}",
+            f"{num(n.get('ttft_speedup'), '.2f')}x/{num(n.get('prefill_bound'), '.3g')}x",
+            f"{compact(n.get('input_throughput_off'))}>{compact(n.get('input_throughput_on'))}",
+            f"{compact(n.get('output_throughput_off'))}>{compact(n.get('output_throughput_on'))}",
+            f"{num(n.get('median_e2el_off_ms'))}>{num(n.get('median_e2el_on_ms'))}",
             n.get("verdict", "-"),
         ]  # fmt: skip
         if verbose:
-            line.insert(7, f"[{_num(n.get('ttft_speedup_low'), '.2f')},{_num(n.get('ttft_speedup_high'), '.2f')}]")
+            line.insert(7, f"[{num(n.get('ttft_speedup_low'), '.2f')},{num(n.get('ttft_speedup_high'), '.2f')}]")
         body.append(line)
     headers = ["pair", "c", "hit", "cached/expected", "ratio", "TTFT ms", "gain/bound", "in tok/s", "out tok/s",
                "E2E ms", "verdict"]  # fmt: skip
@@ -126,11 +91,11 @@ def algo_table(rows: list[dict[str, Any]]) -> str:
     for n in rows:
         body.append([
             f"{n['case']} {n['hash_algo']}", n["concurrency"],
-            f"{_num(n.get('cached_tokens'))}/{_num(n.get('default_cached_tokens'))}",
-            f"{_num(n.get('median_ttft_default_ms'))}>{_num(n.get('median_ttft_ms'))}",
-            f"{_num(n.get('ttft_ratio'), '.2f')}x [{_num(n.get('ttft_ratio_low'), '.2f')},"
-            f"{_num(n.get('ttft_ratio_high'), '.2f')}]",
-            f"{_num(n.get('duration_default_s'))}>{_num(n.get('duration_s'))}", n.get("verdict", "-"),
+            f"{num(n.get('cached_tokens'))}/{num(n.get('default_cached_tokens'))}",
+            f"{num(n.get('median_ttft_default_ms'))}>{num(n.get('median_ttft_ms'))}",
+            f"{num(n.get('ttft_ratio'), '.2f')}x [{num(n.get('ttft_ratio_low'), '.2f')},"
+            f"{num(n.get('ttft_ratio_high'), '.2f')}]",
+            f"{num(n.get('duration_default_s'))}>{num(n.get('duration_s'))}", n.get("verdict", "-"),
         ])  # fmt: skip
     headers = ["case algorithm", "c", "cached/default", "TTFT ms default>algo", "TTFT algo/default",
                "duration s", "verdict"]  # fmt: skip
@@ -146,14 +111,14 @@ def fleet_verdict(row: Mapping[str, Any]) -> str:
 def fleet_requests(row: Mapping[str, Any]) -> str:
     """Requests per replica, in replica order: ``15+15``."""
     counts = row.get("requests_per_replica")
-    return "+".join(_num(c) for c in counts) if counts else "-"
+    return "+".join(num(c) for c in counts) if counts else "-"
 
 
 def fleet_ttft(row: Mapping[str, Any]) -> str:
     """Median TTFT with its bootstrap interval: ``195 [150..240]`` (``..``: the numbers have thousands commas)."""
-    text = _num(row.get("median_ttft_ms"))
+    text = num(row.get("median_ttft_ms"))
     if row.get("median_ttft_low_ms") is not None:
-        text += f" [{_num(row.get('median_ttft_low_ms'))}..{_num(row.get('median_ttft_high_ms'))}]"
+        text += f" [{num(row.get('median_ttft_low_ms'))}..{num(row.get('median_ttft_high_ms'))}]"
     return text
 
 
@@ -176,10 +141,10 @@ def fleet_table(rows: list[dict[str, Any]]) -> str:
     body = []
     for n in rows:
         body.append([
-            f"{n.get('route')} c{n.get('concurrency')}" if several else n.get("route"), _num(n.get("replicas")),
-            fleet_requests(n), f"{_num(n.get('cold_prefills'))}/{_num(n.get('ideal_cold_prefills'))}",
-            f"{_num(n.get('hits'))}/{_num(n.get('ideal_hits'))}", _num(n.get("routing_cost"), ".1%"), fleet_ttft(n),
-            _k(n.get("output_throughput")), fleet_verdict(n),
+            f"{n.get('route')} c{n.get('concurrency')}" if several else n.get("route"), num(n.get("replicas")),
+            fleet_requests(n), f"{num(n.get('cold_prefills'))}/{num(n.get('ideal_cold_prefills'))}",
+            f"{num(n.get('hits'))}/{num(n.get('ideal_hits'))}", num(n.get("routing_cost"), ".1%"), fleet_ttft(n),
+            compact(n.get("output_throughput")), fleet_verdict(n),
         ])  # fmt: skip
     headers = ["route", "replicas", "requests", "cold/ideal", "hits/ideal", "cost", "TTFT ms [CI]", "out tok/s",
                "verdict"]  # fmt: skip
@@ -207,21 +172,73 @@ def fleet_lines(view: ReportView) -> list[tuple[str, Markup]]:
     return lines
 
 
-def gate_table(rows: list[dict[str, Any]]) -> str:
-    """Every row the baseline gate compared: each metric baseline -> now (limit), and whether it regressed."""
+def _pair_gate_table(rows: list[dict[str, Any]]) -> str:
+    """The gate rows of a results file before schema_version 4 (pair rows, a tolerance per metric)."""
     body = []
     for row in rows:
         cells = []
         for m in row["metrics"]:
-            text = f"{_num(m['was'])} -> {_num(m['now'])}"
+            text = f"{num(m['was'])} -> {num(m['now'])}"
             if m["limit"] is not None:
-                text += f" ({'<=' if m['metric'] == 'ttft_on' else '>='} {_num(m['limit'])})"
+                text += f" ({'<=' if m['metric'] == 'ttft_on' else '>='} {num(m['limit'])})"
             if m["result"] == "REGRESSED":
                 text += " !"
             cells.append(text)
         body.append([row["pair"], row["concurrency"], *cells, row["result"]])
     headers = ["pair", "c", "TTFT ON ms", "gain OFF/ON", "cached tokens", "vs baseline"]
     return tabulate(body, headers=headers, disable_numparse=True)
+
+
+def gate_table(rows: list[dict[str, Any]]) -> str:
+    """Every run the baseline gate compared: its repeats (baseline/now), mean TTFT baseline -> now (limit)
+    with the change and the smallest slowdown the limit catches, cached tokens, and whether it regressed."""
+    if rows and "pair" in rows[0]:
+        return _pair_gate_table(rows)
+    body = []
+    for row in rows:
+        metrics = {m["metric"]: m for m in row["metrics"]}
+        ttft, hits = metrics.get("ttft"), metrics.get("cached_tokens")
+        ttft_cells = ["-", "-", "-"]
+        if ttft:
+            mark = " !" if ttft["result"] == "REGRESSED" else ""
+            ttft_cells = [
+                f"{num(ttft['was'])} -> {num(ttft['now'])} (<= {num(ttft['limit'])}){mark}",
+                percent(ttft["change"]),
+                f">= {percent(ttft['detectable'])}",
+            ]
+        hits_cell = "-"
+        if hits:
+            hits_cell = f"{num(hits['was'])} -> {num(hits['now'])}" + (" !" if hits["result"] == "REGRESSED" else "")
+        k_base, k_now = row["repeats"]
+        body.append([row["run"], f"{k_base}/{k_now}", *ttft_cells, hits_cell, row["result"]])
+    headers = ["run", "K", "mean TTFT ms", "change", "catches", "cached tokens", "vs baseline"]
+    return tabulate(body, headers=headers, disable_numparse=True)
+
+
+def gate_rule_lines(gate: Mapping[str, Any]) -> list[str]:
+    """The rule the gate applied, the noise it assumed and the versions it compared across."""
+    rule = gate.get("rule") or {}
+    lines = []
+    if rule.get("runs_judged"):
+        judged = int(rule["runs_judged"])
+        each = f" ({rule['alpha_per_run']:.2%} for each of {judged} runs)" if judged > 1 else ""
+        lines.append(
+            f"rule: {rule['label']} may rise as far as its noise allows; a build that did not change fails this "
+            f"gate with probability <= {rule['false_alarm']:.0%}{each}"
+        )
+        if rule.get("benchmark_s") is not None:
+            lines.append(
+                f"cost: the {judged} judged run{'s' * (judged != 1)} took {rule['benchmark_s'] / 60:.1f} min of "
+                f"benchmarks here, {rule['extra_s'] / 60:.1f} min more than one repeat each would"
+            )
+    sources = dict.fromkeys(m["noise"] for row in gate.get("rows") or [] for m in row["metrics"] if m.get("noise"))
+    lines += [f"noise: {source}" for source in sources]
+    changes = gate.get("changes") or []
+    if changes:
+        lines.append(
+            "compared across " + "; ".join(f"{c['what']} {c['here']} here vs {c['there']} there" for c in changes)
+        )
+    return lines
 
 
 def server_lines(servers: list[dict[str, Any]], launches: Mapping[str, int]) -> list[str]:
@@ -234,28 +251,30 @@ def server_lines(servers: list[dict[str, Any]], launches: Mapping[str, int]) -> 
         each = f" each of {len(members)} replicas" if members else ""
         lines.append(
             f"{info.get('mode')}: vLLM {info.get('version')}, TP {tp}, block size {info.get('block_size')}, "
-            f"{_num(info.get('num_gpu_blocks'))} blocks = {_num(info.get('kv_cache_size_tokens'))} KV tokens{each}, "
-            f"hash {info.get('prefix_caching_hash_algo')}, ready in {_num(info.get('startup_s'), '.0f')} s, "
+            f"{num(info.get('num_gpu_blocks'))} blocks = {num(info.get('kv_cache_size_tokens'))} KV tokens{each}, "
+            f"hash {info.get('prefix_caching_hash_algo')}, ready in {num(info.get('startup_s'), '.0f')} s, "
             f"launches {launches.get(str(info.get('mode')), 0)}"
         )
     return lines
 
 
 def gate_lines(gate: Mapping[str, Any]) -> list[tuple[str, Markup]]:
-    """What the baseline gate shows (``Gate.to_json()``, results.json's ``gate``): every compared row, then
-    one line per failure."""
+    """What the baseline gate shows (``Gate.to_json()``, results.json's ``gate``): its rule, every compared
+    run, then one line per failure."""
     lines: list[tuple[str, Markup]] = []
     rows = gate.get("rows") or []
     if rows:
         compared = gate.get("compared", len(rows))
         regressed = gate.get("regressed", sum(1 for row in rows if row["result"] != "ok"))
+        what = "row" if "pair" in rows[0] else "run"
         lines.append(
             (
-                f"baseline {gate.get('baseline')}: {compared} row{'' if compared == 1 else 's'} compared, "
+                f"baseline {gate.get('baseline')}: {compared} {what}{'' if compared == 1 else 's'} compared, "
                 f"{regressed} regressed (baseline -> now (limit))",
                 {},
             )
         )
+        lines += [(line, {}) for line in gate_rule_lines(gate)]
         lines.append((gate_table(rows), {}))
     lines += [(f"FAIL baseline: {line}", {"red": True, "bold": True}) for line in gate.get("failures") or []]
     return lines
@@ -284,7 +303,7 @@ def summary_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Ma
     return lines
 
 
-def terminal_summary(tr: Any, apc: ApcSession, data: ReportData, gate: Gate | None = None) -> None:
+def terminal_summary(tr: Any, view: ReportView) -> None:
     tr.write_sep("=", "apc validation")
-    for text, markup in summary_lines(ReportView.from_session(apc, data, gate), tr.config.get_verbosity() > 0):
+    for text, markup in summary_lines(view, tr.config.get_verbosity() > 0):
         tr.write_line(text, **markup)

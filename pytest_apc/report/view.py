@@ -1,18 +1,13 @@
-"""What the terminal summary and ``summary.md`` show, as plain data: from a live session, or read back from
-a results file (``python -m pytest_apc report``). Both outputs render a :class:`ReportView` only, so a
-results file re-reads exactly as its run printed it, without recomputing a number."""
+"""What the terminal summary and ``summary.md`` show, as plain data: a results document, the live
+session's (built by the controller) or one read back from a file (``python -m pytest_apc report``). Both
+outputs render a :class:`ReportView` only, so a results file re-reads exactly as its run printed it,
+without recomputing a number."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from pytest_apc.report.rows import ReportData
-
-if TYPE_CHECKING:
-    from pytest_apc.report.gate import Gate
-    from pytest_apc.session import ApcSession
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -35,23 +30,6 @@ class ReportView:
     fleet: list[dict[str, Any]] = field(default_factory=list)  # one row per fleet run (schema_version 3)
     # Fleet runs of a file written before the fleet block (schema_version 2): named, without a table.
     fleet_without_rows: list[str] = field(default_factory=list)
-
-    @classmethod
-    def from_session(cls, apc: ApcSession, data: ReportData, gate: Gate | None = None) -> ReportView:
-        return cls(
-            model=apc.json_model(),
-            profile=apc.settings.profile,
-            servers=[dict(info.__dict__) for info in apc.measured.servers.values()],
-            launches=apc.measured.launches,
-            pairs=data.pair_numbers(),
-            algos=data.algo_numbers(),
-            verdicts=data.verdicts,
-            errors=[(key.id, error) for key, error in sorted(apc.measured.errors.items())],
-            warnings=apc.measured.warnings,
-            gate=gate.to_json() if gate is not None else {},
-            results=str(apc.json_path),
-            fleet=data.fleet_numbers(),
-        )
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any], path: str) -> ReportView:

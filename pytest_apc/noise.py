@@ -1,0 +1,256 @@
+"""How much a run's TTFT moves when nothing changed, and the limit of the baseline gate that follows.
+
+The gate judges each run on its **mean TTFT over the run's requests, one value per cold repeat**: the
+repeat is the unit of noise, because the requests of one repeat move together (they arrive in waves and
+share the server's state). A run's value is the **median of its repeats' values**, so that one repeat
+slowed by something outside the build (a noisy neighbour, a hiccup of the machine) does not decide it
+(with 3 repeats or more). Two sources of noise are modelled, both relative (on a log scale):
+
+* ``within``: between the cold repeats of one run;
+* ``between``: between runs of the same build (another pytest run, another server start, the machine's
+  state that day), which more repeats cannot average away.
+
+A run's value (the median of its K repeats' logs) then has variance ``between^2 + within^2*m(K)``, with
+``m(K)`` the variance of the median of K standard normal values (1/K for K <= 2, about pi/(2K) for large
+K), and the difference between a baseline of ``K_b`` repeats and a new run of ``K_n`` has standard
+deviation ``sd = sqrt(2*between^2 + within^2*(m(K_b) + m(K_n)))``. The gate fails a run whose value rose
+by more than ``exp(z*sd)``, with ``z`` the normal quantile of ``1 - alpha/n``: ``alpha`` is the false-alarm
+probability of the whole gate, split over the ``n`` runs it judges, so an unchanged build fails it with
+probability at most alpha.
+
+The two spreads come from ``python -m pytest_apc calibrate`` over several results files of one build,
+stored in the baseline; without a calibration, from the profile's default (:data:`PROFILE_NOISE`).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+# The per-repeat value the gate judges (runs[].repeat_counters[].mean_ttft_ms).
+STATISTIC = "mean_ttft_ms"
+STATISTIC_LABEL = "mean TTFT (median of the cold repeats)"
+# Statistics calibrate shows beside it, so that the choice can be checked on the user's own node.
+CANDIDATES = {"mean_ttft_ms": "mean TTFT", "median_ttft_ms": "median TTFT", "duration_s": "duration"}
+# The power at which "the smallest regression the gate catches" is stated.
+POWER = 0.95
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Relative spreads (standard deviations of the log) of a run's per-repeat value, and where they come from."""
+
+    within: float
+    between: float
+    source: str
+
+    def sd(self, k_base: int, k_new: int) -> float:
+        """Standard deviation of log(new value) - log(baseline value) for two runs of one build."""
+        return math.sqrt(2 * self.between**2 + self.within**2 * (median_variance(k_base) + median_variance(k_new)))
+
+    def limit(self, k_base: int, k_new: int, alpha: float) -> float:
+        """The highest ratio new/baseline that is not a regression, at false-alarm probability ``alpha``."""
+        return math.exp(z(alpha) * self.sd(k_base, k_new))
+
+    def detectable(self, k_base: int, k_new: int, alpha: float, power: float = POWER) -> float:
+        """The smallest slowdown (a ratio) that the gate fails with probability ``power``."""
+        return math.exp((z(alpha) + NormalDist().inv_cdf(power)) * self.sd(k_base, k_new))
+
+
+def z(alpha: float) -> float:
+    """The one-sided normal quantile of 1 - alpha."""
+    return NormalDist().inv_cdf(1 - alpha)
+
+
+@functools.cache
+def median_variance(k: int) -> float:
+    """The variance of the median of ``k`` independent standard normal values (numerical integration of
+    the order statistics' density; for even ``k`` the mean of the middle two)."""
+    x = np.linspace(-8.0, 8.0, 1601)
+    dx = float(x[1] - x[0])
+    cdf = np.array([NormalDist().cdf(float(v)) for v in x])
+    pdf = np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    m = k // 2
+    if k % 2:
+        density = math.comb(k, m) * (m + 1) * cdf**m * (1 - cdf) ** m * pdf
+        return float((x * x * density).sum() * dx)
+    if k == 2:
+        return 0.5
+    # X_(m) at x below X_(m+1) at y: m-1 values under x, m-1 above y.
+    weight = k * (k - 1) * math.comb(k - 2, m - 1)
+    joint = weight * np.outer(cdf ** (m - 1) * pdf, (1 - cdf) ** (m - 1) * pdf)
+    joint = np.triu(joint, 1) + np.diag(np.diag(joint)) / 2
+    middle = (x[:, None] + x[None, :]) / 2
+    return float((middle * middle * joint).sum() * dx * dx)
+
+
+# Measured with the suite's own workload and read back by ``calibrate`` from committed results files
+# (tests/test_docs.py checks that these are what those files give): same-build runs on one H200 (vLLM
+# 0.26.0, an 8B-shaped model) and on the 2-core CPU machine CI runs on.
+PROFILE_NOISE = {
+    "gpu": Noise(within=0.028, between=0.024, source="the gpu profile's default (measured on one H200)"),
+    "cpu": Noise(within=0.324, between=0.162, source="the cpu profile's default (measured on a 2-core CPU machine)"),
+}
+
+
+def repeat_values(run: Mapping[str, Any], statistic: str = STATISTIC) -> list[float] | None:
+    """One value per cold repeat of a run (a ``runs[]`` entry of a results file); None when the file does
+    not hold them. Files before schema_version 4 kept no per-repeat TTFT: their mean TTFT per repeat is read
+    from the pooled per-request TTFTs (``ttfts_ms``, in repeat order), when they split evenly."""
+    counters = run.get("repeat_counters") or []
+    values = [c.get(statistic) for c in counters]
+    if counters and all(isinstance(v, (int, float)) and v > 0 for v in values):
+        return [float(v) for v in values]
+    if statistic != STATISTIC:
+        return None
+    ttfts, k = run.get("ttfts_ms") or [], len(counters) or int(run.get("repeats") or 0)
+    if not k or not ttfts or len(ttfts) % k:
+        return None
+    n = len(ttfts) // k
+    return [float(np.mean(ttfts[i * n : (i + 1) * n])) for i in range(k)]
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """Many repeats pooled (a slowdown over whole files, a calibration row's level), in the values' unit."""
+    return float(np.exp(np.mean(np.log(values))))
+
+
+def k_center(values: Sequence[float]) -> float:
+    """The run's value over its repeats: the median of their logs, in the values' unit (ms)."""
+    return float(np.exp(np.median(np.log(values))))
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Within- and between-run spread of one run id, from several runs of one build (one-way random effects)."""
+
+    runs: int
+    repeats: int
+    mean: float  # geometric mean of every repeat, in the statistic's unit
+    within: float | None  # pooled SD of the log between repeats of one run; None without two repeats in a run
+    within_df: int
+    between_var: float | None  # (MSB - MSW)/n0: may be negative; None with fewer than two runs
+    between_df: int
+
+    @property
+    def between(self) -> float | None:
+        return None if self.between_var is None else math.sqrt(max(0.0, self.between_var))
+
+
+def spread(groups: Sequence[Sequence[float]]) -> Spread:
+    """The spread of per-repeat values grouped by run (each group one run's repeats)."""
+    logs = [np.log(np.asarray(g, dtype=float)) for g in groups if len(g)]
+    n_total, n_runs = sum(len(g) for g in logs), len(logs)
+    within_df = n_total - n_runs
+    ss_within = sum(float(((g - g.mean()) ** 2).sum()) for g in logs)
+    within = math.sqrt(ss_within / within_df) if within_df > 0 else None
+    everything = np.concatenate(logs) if logs else np.array([])
+    between_var = None
+    if n_runs >= 2 and within is not None:
+        grand = float(everything.mean())
+        msb = sum(len(g) * (float(g.mean()) - grand) ** 2 for g in logs) / (n_runs - 1)
+        n0 = (n_total - sum(len(g) ** 2 for g in logs) / n_total) / (n_runs - 1)
+        between_var = (msb - within**2) / n0
+    mean = float(np.exp(everything.mean())) if everything.size else float("nan")
+    return Spread(n_runs, n_total, mean, within, within_df, between_var, n_runs - 1 if between_var is not None else 0)
+
+
+@dataclass
+class Calibration:
+    """What ``calibrate`` measured: each run id's within-run spread, and the between-run spread pooled over
+    every run id (a property of the node and its server starts, so every row lends its runs to it)."""
+
+    rows: dict[str, Spread]
+    between: float | None
+    between_df: int
+    files: list[str] = field(default_factory=list)
+    statistic: str = STATISTIC
+
+    def noise(self, run_id: str, default: Noise, source: str) -> Noise:
+        """The noise the gate assumes for ``run_id``: each spread this calibration (named ``source``)
+        measured, the other from ``default``."""
+        row = self.rows.get(run_id)
+        within = row.within if row is not None else None
+        between = self.between if self.between_df > 0 else None
+        if within is None and between is None:
+            return default
+        if within is not None and between is not None:
+            where = source
+        else:
+            measured = "within-run" if within is not None else "between-run"
+            where = f"{source} ({measured} spread only), the rest from {default.source}"
+        return Noise(
+            within=default.within if within is None else within,
+            between=default.between if between is None else between,
+            source=where,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "statistic": self.statistic,
+            "files": self.files,
+            "between": self.between,
+            "between_df": self.between_df,
+            "rows": {run_id: asdict(row) for run_id, row in sorted(self.rows.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Calibration:
+        return cls(
+            rows={run_id: Spread(**row) for run_id, row in (data.get("rows") or {}).items()},
+            between=data.get("between"),
+            between_df=int(data.get("between_df") or 0),
+            files=list(data.get("files") or []),
+            statistic=str(data.get("statistic") or STATISTIC),
+        )
+
+
+def gated_runs(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The runs of a results file the gate can judge, by id: single-server runs (fleet runs are not gated)."""
+    return {str(r["id"]): r for r in doc.get("runs") or [] if not r.get("route")}
+
+
+def calibrate(docs: Sequence[tuple[str, Mapping[str, Any]]], statistic: str = STATISTIC) -> Calibration:
+    """The spread of ``statistic`` over results files of one build (``(name, document)`` pairs, each file one
+    run of each of its run ids)."""
+    by_run: dict[str, list[list[float]]] = {}
+    for _, doc in docs:
+        for run_id, run in gated_runs(doc).items():
+            values = repeat_values(run, statistic)
+            if values:
+                by_run.setdefault(run_id, []).append(values)
+    rows = {run_id: spread(groups) for run_id, groups in by_run.items()}
+    pooled = [(row.between_df, row.between_var) for row in rows.values() if row.between_var is not None]
+    df = sum(d for d, _ in pooled)
+    between = math.sqrt(max(0.0, sum(d * v for d, v in pooled) / df)) if df else None
+    return Calibration(rows, between, df, [name for name, _ in docs], statistic)
+
+
+def ksets(values: Sequence[float], k: int) -> Iterator[tuple[float, ...]]:
+    """Every choice of ``k`` of one run's repeats (as a gated run of K repeats could have measured)."""
+    return itertools.combinations(values, k)
+
+
+def kset_pairs(
+    base_runs: Sequence[Sequence[float]], new_runs: Sequence[Sequence[float]], k: int, *, same_build: bool
+) -> Iterator[tuple[tuple[float, ...], tuple[float, ...]]]:
+    """(baseline K-set, new K-set) pairs: every K-set of every baseline run against every K-set of every new
+    run. For two sets of runs of one build (``same_build``) a run is never paired with itself: the gate
+    always compares two runs, so both kinds of noise must be in the pair."""
+    for i, base in enumerate(base_runs):
+        for j, new in enumerate(new_runs):
+            if same_build and i == j:
+                continue
+            yield from itertools.product(ksets(base, k), ksets(new, k))
+
+
+def fails(base: Sequence[float], new: Sequence[float], noise: Noise, alpha: float) -> bool:
+    """The gate's rule on one run: the new value above the baseline's by more than the limit."""
+    return k_center(new) / k_center(base) > noise.limit(len(base), len(new), alpha)
