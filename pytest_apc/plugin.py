@@ -361,7 +361,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if rep.failed and call.excinfo is not None and call.excinfo.errisinstance(MeasurementError):
         rep.longrepr = str(call.excinfo.value)  # self-contained; the plugin's traceback adds nothing
     if rep.failed and rep.when in ("setup", "call") and apc is not None:
-        rep.sections.extend(report.failure_sections(apc, _runs_of(item)))  # nothing for a test without runs
+        rep.sections.extend(
+            report.failure_sections(apc.measured, apc.run_dir, _runs_of(item))
+        )  # nothing for a test without runs
     # Verdicts and run ids travel with the report to the xdist controller (plain data only).
     verdicts = item.stash.get(VERDICTS_KEY, [])
     if rep.when == "call" and verdicts:

@@ -6,28 +6,29 @@ import shlex
 from pathlib import Path
 
 from pytest_apc.cases import RunKey
+from pytest_apc.records import Measured
 from pytest_apc.redaction import redact
 from pytest_apc.server import tail
-from pytest_apc.session import ApcSession
 
 FAILURE_LOG_LINES = 40
 
 
-def failure_sections(apc: ApcSession, keys: list[RunKey]) -> list[tuple[str, str]]:
+def failure_sections(measured: Measured, run_dir: Path, keys: list[RunKey]) -> list[tuple[str, str]]:
     """What a failed APC test shows below its message, whatever failed (a verdict, a measurement, missing
-    metrics): how to re-run each of its runs and start its servers, and the tail of each server's log."""
+    metrics): how to re-run each of its runs and start its servers, and the tail of each server's log (a
+    server's own log, else ``server-<mode>.log`` in ``run_dir``)."""
     modes = list(dict.fromkeys(k.mode.name for k in keys))
-    commands = [f"{k.id}: {apc.measured.records[k].bench_command}" for k in keys if k in apc.measured.records]
+    commands = [f"{k.id}: {measured.records[k].bench_command}" for k in keys if k in measured.records]
     for mode in modes:
-        info = apc.measured.servers.get(mode)
+        info = measured.servers.get(mode)
         if info is not None and info.external:
             commands.append(f"{mode} server: not started by pytest-apc; it runs at {info.url}")
         elif info is not None and info.command:
             commands.append(f"{mode} server: {shlex.join(info.command)}")
     sections = [("apc: reproduce", redact("\n".join(commands)))] if commands else []
     for mode in modes:
-        info = apc.measured.servers.get(mode)
-        log = Path(info.log) if info is not None and info.log else apc.run_dir / f"server-{mode}.log"
+        info = measured.servers.get(mode)
+        log = Path(info.log) if info is not None and info.log else run_dir / f"server-{mode}.log"
         if log.is_file():
             sections.append((f"apc: last {FAILURE_LOG_LINES} lines of the {mode} server log {log}",
                              tail(log, FAILURE_LOG_LINES)))  # fmt: skip
