@@ -139,6 +139,10 @@ def test_a_baseline_with_fewer_repeats_than_the_rule_needs_is_refused(pytester, 
     ]
     assert [m["metric"] for row in result.rows for m in row["metrics"]] == ["cached_tokens"]  # still exact
     assert _gate(old, _doc(pytester, SAME), tmp_path, repeats=1).failures == []  # a rule that needs only 1
+    short = _gate(_doc(pytester, SAME), _doc(pytester, {"C-c8": SAME["C-c8"], "D-c8": [40.0]}), tmp_path)
+    assert short.failures == [
+        f"this run has 1 cold repeat of D-c8; the gate needs 3 or more against baseline {baseline}"
+    ]
 
 
 @pytest.mark.parametrize(

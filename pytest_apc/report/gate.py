@@ -218,9 +218,7 @@ def noise_for(run_id: str, baseline_doc: Mapping[str, Any], baseline: str) -> no
     return calibration.noise(run_id, default, source)
 
 
-def _ttft_metric(
-    run_id: str, before: list[float], now: list[float], spread: noise.Noise, alpha: float
-) -> dict[str, Any]:
+def _ttft_metric(before: list[float], now: list[float], spread: noise.Noise, alpha: float) -> dict[str, Any]:
     was, current = noise.k_center(before), noise.k_center(now)
     limit = spread.limit(len(before), len(now), alpha)
     regressed = current / was > limit
@@ -253,6 +251,10 @@ def _observed_spread_warning(run_id: str, before: list[float], now: list[float],
     )
 
 
+def _repeats_text(values: list[float] | None) -> str:
+    return "no per-repeat TTFT" if values is None else f"{len(values)} cold repeat{'s' * (len(values) != 1)}"
+
+
 def compare_runs(
     new_runs: Mapping[str, dict[str, Any]],
     old_runs: Mapping[str, dict[str, Any]],
@@ -267,16 +269,20 @@ def compare_runs(
         run_id: (noise.repeat_values(old_runs[run_id]), noise.repeat_values(new_runs[run_id])) for run_id in shared
     }
     failures: list[str] = []
+    judged = []
     for run_id, (before, now) in values.items():
         if before is None or len(before) < min_repeats:
-            have = "no per-repeat TTFT" if before is None else f"{len(before)} cold repeat{'s' * (len(before) != 1)}"
             failures.append(
-                f"baseline {baseline} has {have} of {run_id}; the gate needs {min_repeats} or more (measure the "
-                f"baseline with --apc-repeats {min_repeats})"
+                f"baseline {baseline} has {_repeats_text(before)} of {run_id}; the gate needs {min_repeats} or more "
+                f"(measure the baseline with --apc-repeats {min_repeats})"
             )
-        elif now is None:
-            failures.append(f"{run_id}: no per-repeat TTFT in this run to compare with baseline {baseline}")
-    judged = [run_id for run_id, (before, now) in values.items() if before and now and len(before) >= min_repeats]
+        elif now is None or len(now) < min_repeats:
+            failures.append(
+                f"this run has {_repeats_text(now)} of {run_id}; the gate needs {min_repeats} or more against "
+                f"baseline {baseline}"
+            )
+        else:
+            judged.append(run_id)
     alpha = false_alarm / max(1, len(judged))
     # What the repeats cost: every judged run's benchmark time here, and how much of it one repeat each would save.
     seconds = {
@@ -299,7 +305,7 @@ def compare_runs(
         before, now = values[run_id]
         if run_id in judged and before and now:
             spread = noise_for(run_id, baseline_doc, baseline)
-            metric = _ttft_metric(run_id, before, now, spread, alpha)
+            metric = _ttft_metric(before, now, spread, alpha)
             metrics.append(metric)
             if metric["result"] != "ok":
                 failures.append(
