@@ -58,15 +58,17 @@ def test_request_errors_are_quoted(tmp_path: Path) -> None:
         validate(tmp_path, write(tmp_path, payload))
 
 
-def args_for(url: str, name: str) -> list[str]:
+def args_for(url: str, name: str, key: RunKey = RunKey("D", 8)) -> list[str]:
     return bench.bench_args(
-        WORKLOAD, RunKey("D", 8), base_url=url, model="/m", tokenizer="", served_model_name="apc-model",
+        WORKLOAD, key, base_url=url, model="/m", tokenizer="", served_model_name="apc-model",
         result_dir=Path("/r"), result_filename=name,
     )  # fmt: skip
 
 
 def test_on_and_off_differ_only_in_url_and_file() -> None:
-    on, off = args_for("http://127.0.0.1:1", "D-c8.json"), args_for("http://127.0.0.1:2", "C-c8.json")
+    """C (on the APC-off server) and D (APC on) send byte-identical prompts: same workload, same flags."""
+    on = args_for("http://127.0.0.1:1", "D-c8.json", RunKey("D", 8))
+    off = args_for("http://127.0.0.1:2", "C-c8.json", RunKey("C", 8))
     diff = [(a, b) for a, b in zip(on, off, strict=True) if a != b]
     assert diff == [("http://127.0.0.1:1", "http://127.0.0.1:2"), ("D-c8.json", "C-c8.json")]
 
