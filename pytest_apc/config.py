@@ -469,7 +469,7 @@ class Settings:
         (
             "Where a significant TTFT gain is required, it must also come this fraction of the way from 1x to its "
             "bound (the modelled one, else the prefill-token bound), so that a negligible gain such as 1.05x "
-            "against 15.9x fails; 0 = report only. The H200 reached 0.35-0.80 (C/D) and 0.54 (E/F at 1)"
+            "against 15.9x fails; 0 = report only. The H200 reached 0.34-0.79 (C/D) and 0.54 (E/F at 1)"
         ),
         "FRACTION",
         cpu=0.0,

@@ -58,7 +58,10 @@ def test_request_errors_are_quoted(tmp_path: Path) -> None:
         validate(tmp_path, write(tmp_path, payload))
 
 
-def args_for(url: str, name: str, key: RunKey = RunKey("D", 8)) -> list[str]:
+D8 = RunKey("D", 8)
+
+
+def args_for(url: str, name: str, key: RunKey = D8) -> list[str]:
     return bench.bench_args(
         WORKLOAD, key, base_url=url, model="/m", tokenizer="", served_model_name="apc-model",
         result_dir=Path("/r"), result_filename=name,

@@ -358,8 +358,6 @@ def test_results_page_other_sections_quote_the_cpu_example() -> None:
     assert '"timing": ' + json.dumps(data["timing"], indent=2) in raw
     assert f"start-ups of {off['startup_s']:.0f} s and {on['startup_s']:.0f} s and two stops" in page
     assert f"In the CPU example: {ef['prefill_bound']:.3g}x and {cd['prefill_bound']:.3g}x" in page
-    assert f"| C/D | {cd['prefill_bound']:.2f}x |" in page
-    assert f"| E/F | {ef['prefill_bound']:.2f}x |" in page
     for name, row, word in (("C/D", cd, "has the interval"), ("E/F", ef, "spans")):
         gain = f"{row['ttft_speedup']:.2f}x {word} [{row['ttft_speedup_low']:.2f}, {row['ttft_speedup_high']:.2f}]"
         assert f"{name}'s gain of {gain}" in page or f"{name}'s {gain}" in page
@@ -849,3 +847,27 @@ def test_cpu_gate_same_build_reruns_never_fail_the_shipped_gate() -> None:
     within = max(row.within or 0.0 for row in found.rows.values())
     assert noise.PROFILE_NOISE["cpu"].within == math.ceil(within * 1000) / 1000
     assert noise.PROFILE_NOISE["cpu"].between == math.ceil(found.between * 1000) / 1000
+
+
+def test_results_page_quotes_the_cpu_gate_runs_c_d_gain_range() -> None:
+    import json
+
+    gains = [json.loads(p.read_text())["pairs"][0]["ttft_speedup"] for p in CPU_GATE.glob("run-*/results.json")]
+    page = _flat((DOCS / "results.md").read_text())
+    assert f"it ranged from {min(gains):.2f}x to {max(gains):.2f}x" in page
+
+
+def test_h200_page_and_the_option_state_the_fraction_of_the_bound_as_the_verdict_computes_it() -> None:
+    """--apc-min-bound-fraction holds a gain g to (g - 1) / (b - 1) of its bound b; the H200 page and the
+    option's help quote that fraction of the full run's C/D rows."""
+    from pytest_apc.config import SPEC_BY_NAME
+
+    page, data = _h200()
+    rows = {p["concurrency"]: p for p in data["pairs"] if p["pair"] == "C/D"}
+    fractions = {c: (r["ttft_speedup"] - 1) / (r["prefill_bound"] - 1) for c, r in rows.items()}
+    flat = _flat(page)
+    assert (
+        f"comes {fractions[1]:.0%} of the way from 1× to that bound at concurrency 1 ({rows[1]['ttft_speedup']:.2f}×), "
+        f"{fractions[2]:.0%} at 2, {fractions[4]:.0%} at 4 and {fractions[8]:.0%} at 8 ({rows[8]['ttft_speedup']:.2f}×)"
+    ) in flat
+    assert f"The H200 reached {fractions[1]:.2f}-{fractions[8]:.2f} (C/D)" in SPEC_BY_NAME["min_bound_fraction"].help
