@@ -103,8 +103,15 @@ METRIC_FAMILIES = [  # (name without the "vllm:" prefix, type, help) in vLLM's r
 ]
 
 
+LOG_LOCK = threading.Lock()
+
+
 def log(line: str) -> None:
-    print(line, flush=True)
+    # One write per line under a lock: print() writes the text and the newline apart, so lines of two
+    # request threads could interleave and a fatal line would no longer start the line vLLM's would.
+    with LOG_LOCK:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def tokenize_text(text: str) -> list[int]:
