@@ -217,25 +217,41 @@ def gated_runs(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return {str(r["id"]): r for r in doc.get("runs") or [] if not r.get("route")}
 
 
-def calibrate(docs: Sequence[tuple[str, Mapping[str, Any]]], statistic: str = STATISTIC) -> Calibration:
-    """The spread of ``statistic`` over results files of one build (``(name, document)`` pairs, each file one
-    run of each of its run ids)."""
+def repeat_groups(
+    docs: Sequence[tuple[str, Mapping[str, Any]]], statistic: str = STATISTIC
+) -> dict[str, list[list[float]]]:
+    """Each gated run id's per-repeat values in results files (``(name, document)`` pairs), one list per file."""
     by_run: dict[str, list[list[float]]] = {}
     for _, doc in docs:
         for run_id, run in gated_runs(doc).items():
             values = repeat_values(run, statistic)
             if values:
                 by_run.setdefault(run_id, []).append(values)
-    rows = {run_id: spread(groups) for run_id, groups in by_run.items()}
+    return by_run
+
+
+def calibrate(docs: Sequence[tuple[str, Mapping[str, Any]]], statistic: str = STATISTIC) -> Calibration:
+    """The spread of ``statistic`` over results files of one build (``(name, document)`` pairs, each file one
+    run of each of its run ids)."""
+    rows = {run_id: spread(groups) for run_id, groups in repeat_groups(docs, statistic).items()}
     pooled = [(row.between_df, row.between_var) for row in rows.values() if row.between_var is not None]
     df = sum(d for d, _ in pooled)
     between = math.sqrt(max(0.0, sum(d * v for d, v in pooled) / df)) if df else None
     return Calibration(rows, between, df, [name for name, _ in docs], statistic)
 
 
-def ksets(values: Sequence[float], k: int) -> Iterator[tuple[float, ...]]:
-    """Every choice of ``k`` of one run's repeats (as a gated run of K repeats could have measured)."""
-    return itertools.combinations(values, k)
+# Most K-sets taken from one run when checking the rule: beyond it a seeded sample, so that a check of
+# many files with many repeats stays quick.
+MAX_KSETS = 60
+
+
+def ksets(values: Sequence[float], k: int) -> list[tuple[float, ...]]:
+    """Every choice of ``k`` of one run's repeats (as a gated run of K repeats could have measured), or a
+    seeded sample of :data:`MAX_KSETS` of them where there are more."""
+    if math.comb(len(values), k) <= MAX_KSETS:
+        return list(itertools.combinations(values, k))
+    rng = np.random.default_rng(len(values) * 1000 + k)
+    return [tuple(values[i] for i in sorted(rng.choice(len(values), k, replace=False))) for _ in range(MAX_KSETS)]
 
 
 def kset_pairs(

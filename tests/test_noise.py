@@ -104,6 +104,11 @@ def test_ksets_pair_every_choice_of_repeats_across_runs_never_a_run_with_itself(
     assert len(same) == 3 * 2 * 3 * 3  # ordered pairs of different runs x C(3,2)^2
     assert not any(set(a) & set(b) for a, b in same)
     assert len(list(noise.kset_pairs(runs, runs[:1], 3, same_build=False))) == 3
+    many = [float(v) for v in range(40)]  # C(40, 5) sets: a seeded sample of them, each a real choice
+    sample = noise.ksets(many, 5)
+    assert len(sample) == noise.MAX_KSETS
+    assert sample == noise.ksets(many, 5)
+    assert all(len(set(s)) == 5 and set(s) <= set(many) for s in sample)
 
 
 def test_calibration_pools_the_between_run_spread_over_every_run_id() -> None:

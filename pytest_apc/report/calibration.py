@@ -48,17 +48,6 @@ class Found:
     failed: bool  # the same-build check failed more often than the false-alarm probability allows
 
 
-def _groups(docs: Sequence[Document], statistic: str = noise.STATISTIC) -> dict[str, list[list[float]]]:
-    """Each run id's per-repeat values, one list per file."""
-    found: dict[str, list[list[float]]] = {}
-    for _, doc in docs:
-        for run_id, run in noise.gated_runs(doc).items():
-            values = noise.repeat_values(run, statistic)
-            if values:
-                found.setdefault(run_id, []).append(values)
-    return found
-
-
 def check(
     run_id: str,
     base: Sequence[Sequence[float]],
@@ -87,7 +76,7 @@ def report(docs: Sequence[Document], k: int, false_alarm: float, slower: Sequenc
     """Calibrate on ``docs`` (results files of one build) for gated runs of ``k`` repeats; check the rule on
     them, and on ``slower`` (the same runs with a known slowdown) for what it detects."""
     calibration = noise.calibrate(docs)
-    groups = _groups(docs)
+    groups = noise.repeat_groups(docs)
     if not any(len(g) >= 2 for g in groups.values()):
         raise NotCalibratable(
             "calibrate needs at least two results files that measured the same run (each file one pytest run, "
@@ -133,7 +122,7 @@ def report(docs: Sequence[Document], k: int, false_alarm: float, slower: Sequenc
     ]
     detections: list[Check] = []
     for name, doc in slower:  # each file its own slowdown
-        for run_id, slow in sorted(_groups([(name, doc)]).items()):
+        for run_id, slow in sorted(noise.repeat_groups([(name, doc)]).items()):
             if run_id not in groups:
                 continue
             slowdown = noise.geometric_mean([v for g in slow for v in g]) / calibration.rows[run_id].mean
