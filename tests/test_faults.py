@@ -4,6 +4,7 @@ that leaves no process behind. (What works is proven against real vLLM in test_e
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
@@ -300,7 +301,7 @@ def _start_fake(tmp_path, *flags: str):
     proc = subprocess.Popen(
         [sys.executable, str(FAKE_VLLM), "--model", "m", "--served-model-name", "apc-model", "--port", "0",
          "--max-model-len", "100000", *flags],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"},
     )  # fmt: skip
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -443,3 +444,15 @@ def test_two_runs_on_one_node_do_not_collide(tmp_path, run_inner) -> None:
         assert inner.ret == 0, inner.output
     urls = [json.loads(next((tmp_path / n).glob("r/*/results.json")).read_text())["servers"][0]["url"] for n in "ab"]
     assert urls[0] != urls[1]
+
+
+def test_the_gate_under_xdist_compares_what_the_workers_measured(suite, run_inner) -> None:
+    """The controller gates runs its workers measured: it reads their store before it builds the document."""
+    first = run_inner(*fake_args(), "--apc-repeats=3")
+    assert first.ret == 0, first.output[-3000:]
+    (baseline,) = suite.glob("apc-results/*/results.json")
+    gated = run_inner(*fake_args(), "-n", "2", f"--apc-baseline={baseline}", "--apc-results-dir=gated")
+    assert gated.ret == 0, gated.output[-3000:]
+    data = json.loads(next(suite.glob("gated/*/results.json")).read_text())
+    assert (data["gate"]["compared"], data["gate"]["failures"]) == (2, [])
+    assert [row["repeats"] for row in data["gate"]["rows"]] == [[3, 3], [3, 3]]

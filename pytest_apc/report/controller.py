@@ -68,11 +68,12 @@ class ControllerReporter:
 
     def document(self) -> dict[str, Any]:
         """This session's results document as results.json holds it: what every report reads."""
+        data = self.report_data()  # first: under xdist it loads what the workers measured
         if self._environment is None:
             self._environment = environment(self.apc.measured.servers, self.apc.run_dir.parent)
         measured = self.apc.to_json()
         timing = measured.pop("timing")  # stays the last block
-        blocks = report_blocks(self.report_data(), self.gate)
+        blocks = report_blocks(data, self.gate)
         return {**measured, "environment": self._environment, **blocks, "timing": timing}
 
     def view(self) -> ReportView:
