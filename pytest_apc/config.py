@@ -279,7 +279,7 @@ class Settings:
     server_command: tuple[str, ...] = setting(
         _args,
         ("{python}", "-m", "vllm.entrypoints.openai.api_server"),
-        "Command that starts one vLLM OpenAI server; {python} is this interpreter",
+        "Command that starts one vLLM OpenAI server; {python} is --apc-server-python",
         "CMD",
     )
     launcher: tuple[str, ...] = setting(
@@ -287,9 +287,21 @@ class Settings:
         (),
         (
             "Command prefix for launching servers (a container runtime, srun, a wrapper script), e.g. "
-            "'srun --ntasks=1 --'; the server command follows it"
+            "'srun --ntasks=1 --' or 'docker run --rm --gpus all --network host {env} IMAGE'; the server command "
+            "follows it. {env} becomes -e NAME for every variable the plugin sets for the server (dev mode for "
+            "the cache reset, the API key, a replica's GPUs), {env:FLAG} FLAG NAME: values stay in the "
+            "environment, never on a command line"
         ),
         "CMD",
+    )
+    server_python: str = setting(
+        _str,
+        "",
+        (
+            "The interpreter {python} stands for in the server command. Default: this interpreter; with "
+            "--apc-launcher, python3 (a container has its own)"
+        ),
+        "PATH",
     )
     url_on: str = setting(
         _url,

@@ -42,6 +42,7 @@ from pytest_apc.config import Settings
 from pytest_apc.fleet import Fleet, Router
 from pytest_apc.records import ServerInfo
 from pytest_apc.server import (
+    ENV_PLACEHOLDER,
     Endpoint,
     ExternalServer,
     LaunchedServer,
@@ -49,6 +50,7 @@ from pytest_apc.server import (
     ServerError,
     build_command,
     gpu_memory_used_mib,
+    own_variables,
     server_env,
 )
 
@@ -169,6 +171,7 @@ def launched_server(
     env_extra: dict[str, str] | None = None,
 ) -> LaunchedServer:
     """One vLLM server of ``mode`` that pytest-apc starts (alone, as a data-parallel server or a replica)."""
+    env = {**server_env(settings.profile or "", settings.api_key), **(env_extra or {})}
 
     def command(port: int) -> list[str]:
         return build_command(
@@ -182,17 +185,25 @@ def launched_server(
             tensor_parallel_size=tensor_parallel,
             extra=(("--load-format", "dummy") if settings.model_shape else ()) + extra + tuple(settings.server_arg),
             launcher=settings.launcher,
+            env_names=own_variables(env),
+            python=server_python(settings),
         )
 
-    return LaunchedServer(
+    server = LaunchedServer(
         mode,
         command,
         how,
         bind_host=settings.host,
         connect_host=settings.connect_host,
-        env={**server_env(settings.profile or "", settings.api_key), **(env_extra or {})},
+        env=env,
         stop_timeout=settings.stop_timeout,
     )
+    if settings.launcher and not any(ENV_PLACEHOLDER.match(part) for part in settings.launcher):
+        server.reset_hint = (
+            "; it was started through --apc-launcher without {env}: a launcher that starts it in an environment "
+            "of its own (a container) must pass the plugin's variables on, e.g. 'docker run {env} ...'"
+        )
+    return server
 
 
 def replica_gpus(settings: Settings) -> list[tuple[dict[str, str], int]]:
@@ -268,6 +279,12 @@ def max_model_len(settings: Settings) -> int:
     if settings.max_model_len:
         return settings.max_model_len
     return ceil_div(longest_request_tokens(settings) + TEMPLATE_HEADROOM, TEMPLATE_HEADROOM) * TEMPLATE_HEADROOM
+
+
+def server_python(settings: Settings) -> str:
+    """What ``{python}`` stands for in the server command: --apc-server-python; else, behind a launcher (a
+    container has an interpreter of its own), ``python3``; else this interpreter."""
+    return settings.server_python or ("python3" if settings.launcher else sys.executable)
 
 
 def tensor_parallel_size(settings: Settings) -> int:

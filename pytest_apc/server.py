@@ -159,6 +159,25 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+# {env} or {env:FLAG} as one word of --apc-launcher: the server's own environment variables, by name.
+ENV_PLACEHOLDER = re.compile(r"^\{env(?::(?P<flag>[^}]+))?\}$")
+
+
+def expand_launcher(launcher: Sequence[str], env_names: Sequence[str]) -> list[str]:
+    """The launcher with each ``{env}`` replaced by ``-e NAME`` for every variable the plugin sets for the
+    server (``{env:FLAG}``: ``FLAG NAME``). Names only: a container runtime given ``-e NAME`` takes the value
+    from its own environment, where the plugin put it, so no value (an API key) is on a command line."""
+    argv: list[str] = []
+    for part in launcher:
+        found = ENV_PLACEHOLDER.match(part)
+        if found is None:
+            argv.append(part)
+            continue
+        for name in env_names:
+            argv += [found["flag"] or "-e", name]
+    return argv
+
+
 def build_command(
     base: Sequence[str],
     *,
@@ -171,9 +190,12 @@ def build_command(
     tensor_parallel_size: int,
     extra: Sequence[str],
     launcher: Sequence[str] = (),
+    env_names: Sequence[str] = (),
+    python: str = sys.executable,
 ) -> list[str]:
-    """The server command line: launcher, server, the plugin's flags, the user's ``--apc-server-arg`` last."""
-    argv = [part.replace("{python}", sys.executable) for part in (*launcher, *base)]
+    """The server command line: launcher (its ``{env}`` expanded), server (``{python}`` replaced by
+    ``python``), the plugin's flags, the user's ``--apc-server-arg`` last."""
+    argv = [part.replace("{python}", python) for part in (*expand_launcher(launcher, env_names), *base)]
     argv += ["--model", model, "--served-model-name", served_model_name, "--host", host, "--port", str(port)]
     argv += ["--max-model-len", str(max_model_len), "--seed", "0"]
     if tensor_parallel_size > 1:
@@ -220,6 +242,7 @@ class Endpoint:
         self._progress = how.on_progress
         self.api_key = how.api_key
         self.info = ServerInfo(mode=mode.name, command=[], url="", log=str(how.log_path))
+        self.reset_hint = ""  # what to add when /reset_prefix_cache is missing (how this server was started)
         self.http = self._session()
         self._health_checked = 0.0
         self._unhealthy_since: float | None = None
@@ -458,7 +481,7 @@ class Endpoint:
         if response.status_code == 404:
             raise self._failure(
                 "has no /reset_prefix_cache (HTTP 404): it must run with VLLM_SERVER_DEV_MODE=1, "
-                "otherwise every run after the first would measure a warm cache"
+                f"otherwise every run after the first would measure a warm cache{self.reset_hint}"
             )
         body: Any
         try:
@@ -669,6 +692,12 @@ def wait_gpu_memory_released(baseline: list[int] | None, timeout: float = 120.0,
             break
         time.sleep(1.0)
     return round(time.monotonic() - started, 3)
+
+
+def own_variables(env: Mapping[str, str]) -> list[str]:
+    """The names of the variables a server's environment sets apart from this process's own: what a launcher
+    that starts the server in another environment (a container) must pass on."""
+    return sorted(name for name, value in env.items() if os.environ.get(name) != value)
 
 
 def server_env(profile: str, api_key: str = "") -> dict[str, str]:

@@ -9,9 +9,10 @@ Standard library only, so it is listening well under a second after launch. The 
         [unknown vLLM flags are ignored] [fault switches]
 
 Endpoints: GET /health, /v1/models, /version, /metrics; POST /tokenize, /v1/chat/completions (stream or
-not), /reset_prefix_cache. Requests naming a model other than the served name get 404, like vLLM (so
-``vllm bench serve``, which sends the model *path* to /tokenize, skips its prompt re-alignment). A
-``--port 0`` binds a free port; the log line "Starting vLLM server on http://HOST:PORT" tells which.
+not), /reset_prefix_cache (with VLLM_SERVER_DEV_MODE=1 only, as vLLM). Requests naming a model other than
+the served name get 404, like vLLM (so ``vllm bench serve``, which sends the model *path* to /tokenize,
+skips its prompt re-alignment). A ``--port 0`` binds a free port; the log line "Starting vLLM server on
+http://HOST:PORT" tells which.
 
 Fake tokenizer: one token per 4 characters (rounded up), id = sum of the characters' ord % 4000 + 7
 (with --fake-model-tokenizer: the tokenizer.json of --model, through the ``tokenizers`` package).
@@ -290,8 +291,9 @@ class Handler(BaseHTTPRequestHandler):
             ("GET", "/metrics"): self.metrics,
             ("POST", "/tokenize"): self.tokenize,
             ("POST", "/v1/chat/completions"): self.chat,
-            ("POST", "/reset_prefix_cache"): lambda: self.reset(parse_qs(url.query)),
         }
+        if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":  # as vLLM: the dev routes exist in dev mode only
+            routes[("POST", "/reset_prefix_cache")] = lambda: self.reset(parse_qs(url.query))
         route = routes.get((method, url.path))
         key = os.environ.get("VLLM_API_KEY")  # as vLLM: the /v1 routes want the bearer token, the rest do not
         if route and key and url.path.startswith("/v1") and self.headers.get("Authorization") != f"Bearer {key}":

@@ -446,6 +446,36 @@ def test_two_runs_on_one_node_do_not_collide(tmp_path, run_inner) -> None:
     assert urls[0] != urls[1]
 
 
+FAKE_CONTAINER = FAKE_VLLM.with_name("fake_container.py")
+
+
+def test_a_container_launcher_gets_the_servers_environment_through_env(suite, run_inner) -> None:
+    """A launcher that starts the server in an environment of its own (a fake container that passes only the
+    variables it is told to) with {env}: the server runs in dev mode, so every reset works; {python} is the
+    container's interpreter (python3), not this one."""
+    launcher = f"--apc-launcher=python3 {FAKE_CONTAINER} {{env}} --"
+    inner = run_inner(*fake_args(), launcher, "--apc-repeats=2")
+    assert inner.ret == 0, inner.output[-4000:]
+    data = json.loads(next(suite.glob("apc-results/*/results.json")).read_text())
+    on = next(s for s in data["servers"] if s["mode"] == "apc-on")
+    command = on["command"]
+    assert command[:5] == ["python3", str(FAKE_CONTAINER), "-e", "HF_HUB_OFFLINE", "-e"]
+    passed = {command[i + 1] for i, word in enumerate(command) if word == "-e"}
+    assert {"VLLM_SERVER_DEV_MODE", "VLLM_CPU_KVCACHE_SPACE"} <= passed
+    assert command[command.index("--") + 1 : command.index("--") + 3] == ["python3", str(FAKE_VLLM)]
+    d8 = next(r for r in data["runs"] if r["id"] == "D-c8")
+    assert all("HTTP 200" in str(d8["reset"]) for _ in d8["repeat_counters"])
+
+
+def test_a_container_launcher_without_env_fails_its_reset_naming_the_fix(suite, run_inner) -> None:
+    inner = run_inner(*fake_args(), f"--apc-launcher=python3 {FAKE_CONTAINER} --")
+    assert inner.ret == 1
+    assert "has no /reset_prefix_cache (HTTP 404): it must run with VLLM_SERVER_DEV_MODE=1" in inner.output
+    assert "it was started through --apc-launcher without {env}: a launcher that starts it in an environment" in (
+        inner.output
+    )
+
+
 def test_the_gate_under_xdist_compares_what_the_workers_measured(suite, run_inner) -> None:
     """The controller gates runs its workers measured: it reads their store before it builds the document."""
     first = run_inner(*fake_args(), "--apc-repeats=3")
