@@ -299,7 +299,7 @@ class Settings:
         "",
         (
             "The interpreter {python} stands for in the server command. Default: this interpreter; with "
-            "--apc-launcher, python3 (a container has its own)"
+            "--apc-launcher, python3 (a container has its own; in the launcher itself {python} is this one)"
         ),
         "PATH",
     )

@@ -193,9 +193,11 @@ def build_command(
     env_names: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
-    """The server command line: launcher (its ``{env}`` expanded), server (``{python}`` replaced by
-    ``python``), the plugin's flags, the user's ``--apc-server-arg`` last."""
-    argv = [part.replace("{python}", python) for part in (*expand_launcher(launcher, env_names), *base)]
+    """The server command line: launcher (its ``{env}`` expanded; ``{python}`` there is this interpreter,
+    which runs it), server (``{python}`` replaced by ``python``), the plugin's flags, the user's
+    ``--apc-server-arg`` last."""
+    argv = [part.replace("{python}", sys.executable) for part in expand_launcher(launcher, env_names)]
+    argv += [part.replace("{python}", python) for part in base]
     argv += ["--model", model, "--served-model-name", served_model_name, "--host", host, "--port", str(port)]
     argv += ["--max-model-len", str(max_model_len), "--seed", "0"]
     if tensor_parallel_size > 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -451,15 +452,15 @@ FAKE_CONTAINER = FAKE_VLLM.with_name("fake_container.py")
 
 def test_a_container_launcher_gets_the_servers_environment_through_env(suite, run_inner) -> None:
     """A launcher that starts the server in an environment of its own (a fake container that passes only the
-    variables it is told to) with {env}: the server runs in dev mode, so every reset works; {python} is the
-    container's interpreter (python3), not this one."""
-    launcher = f"--apc-launcher=python3 {FAKE_CONTAINER} {{env}} --"
+    variables it is told to) with {env}: the server runs in dev mode, so every reset works; {python} in the
+    server command is the container's interpreter (python3), in the launcher this one."""
+    launcher = f"--apc-launcher={{python}} {FAKE_CONTAINER} {{env}} --"
     inner = run_inner(*fake_args(), launcher, "--apc-repeats=2")
     assert inner.ret == 0, inner.output[-4000:]
     data = json.loads(next(suite.glob("apc-results/*/results.json")).read_text())
     on = next(s for s in data["servers"] if s["mode"] == "apc-on")
     command = on["command"]
-    assert command[:5] == ["python3", str(FAKE_CONTAINER), "-e", "HF_HUB_OFFLINE", "-e"]
+    assert command[:5] == [sys.executable, str(FAKE_CONTAINER), "-e", "HF_HUB_OFFLINE", "-e"]  # runs here
     passed = {command[i + 1] for i, word in enumerate(command) if word == "-e"}
     assert {"VLLM_SERVER_DEV_MODE", "VLLM_CPU_KVCACHE_SPACE"} <= passed
     assert command[command.index("--") + 1 : command.index("--") + 3] == ["python3", str(FAKE_VLLM)]
