@@ -49,6 +49,7 @@ from pytest_apc.server import (
     Reach,
     ServerError,
     build_command,
+    cuda_visible_devices,
     gpu_memory_used_mib,
     own_variables,
     server_env,
@@ -298,9 +299,9 @@ def tensor_parallel_size(settings: Settings) -> int:
 
 def visible_gpus() -> list[str]:
     """The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else every GPU nvidia-smi lists."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        return [v.strip() for v in visible.split(",") if v.strip()]
+    named = cuda_visible_devices()
+    if named is not None:
+        return named
     return [str(i) for i in range(len(gpu_memory_used_mib() or []))]
 
 

@@ -37,8 +37,6 @@ import numpy as np
 # The per-repeat value the gate judges (runs[].repeat_counters[].mean_ttft_ms).
 STATISTIC = "mean_ttft_ms"
 STATISTIC_LABEL = "mean TTFT (median of the cold repeats)"
-# Statistics calibrate shows beside it, so that the choice can be checked on the user's own node.
-CANDIDATES = {"mean_ttft_ms": "mean TTFT", "median_ttft_ms": "median TTFT", "duration_s": "duration"}
 # The power at which "the smallest regression the gate catches" is stated.
 POWER = 0.95
 
@@ -202,6 +200,15 @@ class Calibration:
         }
 
     @classmethod
+    def of(cls, groups: Mapping[str, Sequence[Sequence[float]]], files: list[str], statistic: str) -> Calibration:
+        """From each run id's per-repeat values, one list per file (:func:`repeat_groups`)."""
+        rows = {run_id: spread(runs) for run_id, runs in groups.items()}
+        pooled = [(row.between_df, row.between_var) for row in rows.values() if row.between_var is not None]
+        df = sum(d for d, _ in pooled)
+        between = math.sqrt(max(0.0, sum(d * v for d, v in pooled) / df)) if df else None
+        return cls(rows, between, df, files, statistic)
+
+    @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Calibration:
         return cls(
             rows={run_id: Spread(**row) for run_id, row in (data.get("rows") or {}).items()},
@@ -233,11 +240,7 @@ def repeat_groups(
 def calibrate(docs: Sequence[tuple[str, Mapping[str, Any]]], statistic: str = STATISTIC) -> Calibration:
     """The spread of ``statistic`` over results files of one build (``(name, document)`` pairs, each file one
     run of each of its run ids)."""
-    rows = {run_id: spread(groups) for run_id, groups in repeat_groups(docs, statistic).items()}
-    pooled = [(row.between_df, row.between_var) for row in rows.values() if row.between_var is not None]
-    df = sum(d for d, _ in pooled)
-    between = math.sqrt(max(0.0, sum(d * v for d, v in pooled) / df)) if df else None
-    return Calibration(rows, between, df, [name for name, _ in docs], statistic)
+    return Calibration.of(repeat_groups(docs, statistic), [name for name, _ in docs], statistic)
 
 
 # Most K-sets taken from one run when checking the rule: beyond it a seeded sample, so that a check of

@@ -669,6 +669,12 @@ class ExternalServer(Endpoint):
         return self.info
 
 
+def cuda_visible_devices() -> list[str] | None:
+    """The GPUs CUDA_VISIBLE_DEVICES names (indices or UUIDs); None when it is unset or empty."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [v.strip() for v in visible.split(",") if v.strip()] if visible else None
+
+
 def gpu_memory_used_mib() -> list[int] | None:
     """Used memory per GPU from nvidia-smi, or None where there is none."""
     if shutil.which("nvidia-smi") is None:

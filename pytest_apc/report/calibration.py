@@ -42,9 +42,6 @@ class Check:
 class Found:
     calibration: noise.Calibration
     lines: list[str]
-    false_alarms: list[Check]  # under the measured noise, then under the profile's default
-    detections: list[Check]
-    alpha: float  # per run
     failed: bool  # the same-build check failed more often than the false-alarm probability allows
 
 
@@ -75,8 +72,8 @@ def _spread_cell(row: noise.Spread | None, between: float | None) -> str:
 def report(docs: Sequence[Document], k: int, false_alarm: float, slower: Sequence[Document] = ()) -> Found:
     """Calibrate on ``docs`` (results files of one build) for gated runs of ``k`` repeats; check the rule on
     them, and on ``slower`` (the same runs with a known slowdown) for what it detects."""
-    calibration = noise.calibrate(docs)
     groups = noise.repeat_groups(docs)
+    calibration = noise.Calibration.of(groups, [name for name, _ in docs], noise.STATISTIC)
     if not any(len(g) >= 2 for g in groups.values()):
         raise NotCalibratable(
             "calibrate needs at least two results files that measured the same run (each file one pytest run, "
@@ -120,7 +117,6 @@ def report(docs: Sequence[Document], k: int, false_alarm: float, slower: Sequenc
         f"failed ({c.rate:.1%}), noise from {c.noise}"
         for c in false_alarms
     ]
-    detections: list[Check] = []
     for name, doc in slower:  # each file its own slowdown
         for run_id, slow in sorted(noise.repeat_groups([(name, doc)]).items()):
             if run_id not in groups:
@@ -128,14 +124,13 @@ def report(docs: Sequence[Document], k: int, false_alarm: float, slower: Sequenc
             slowdown = noise.geometric_mean([v for g in slow for v in g]) / calibration.rows[run_id].mean
             for spread in (calibration.noise(run_id, default, measured_source), default):
                 found = check(run_id, groups[run_id], slow, k, spread, alpha, same_build=False)
-                detections.append(found)
                 lines.append(
                     f"slower build, {run_id} in {name} ({percent(slowdown)}): caught in {found.failed} of "
                     f"{found.pairs} pairs ({found.rate:.1%}), noise from {found.noise}"
                 )
     # The rule checked on its own data: the gate's false alarms are the sum over the runs it judges.
     failed = sum(c.rate for c in false_alarms if c.noise == measured_source) > false_alarm
-    return Found(calibration, lines, false_alarms, detections, alpha, failed)
+    return Found(calibration, lines, failed)
 
 
 def store(path: Path, doc: Mapping[str, Any], calibration: noise.Calibration) -> None:

@@ -109,7 +109,7 @@ class ControllerReporter:
                 handle.write(text)
         apc.json_path.parent.mkdir(parents=True, exist_ok=True)
         written = plots(data, apc.json_path.parent)
-        doc = self.document()
+        doc = self.document()  # built after the plots: its timing counts the whole session
         doc["files"] = {"json": str(apc.json_path), "markdown": str(md_path), "plots": written}
         doc["timing"] = doc.pop("timing")  # stays the last block
         results.write(apc.json_path, doc)

@@ -21,6 +21,7 @@ import pytest
 
 import pytest_apc
 from pytest_apc.records import EXTERNAL, ServerInfo
+from pytest_apc.server import cuda_visible_devices
 
 # Server flags that set the layout and precision, with vLLM's short forms, and what they default to.
 LAYOUT_FLAGS = {
@@ -73,17 +74,14 @@ def layouts(servers: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str | N
     return {str(server.get("mode")): server_layout(server) for server in servers}
 
 
-def visible_gpu_names() -> list[str]:
-    """The model name of each GPU this process may use (CUDA_VISIBLE_DEVICES respected); [] without GPUs."""
+def gpu_names() -> tuple[list[str], list[str]]:
+    """(the model name of every GPU of the node, those of the GPUs this process may use), from one
+    nvidia-smi call; ([], []) without GPUs."""
     listed = _run("nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader")
-    if not listed:
-        return []
-    rows = [[field.strip() for field in line.split(",", 2)] for line in listed.splitlines()]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return [name for _, _, name in rows]
-    wanted = [v.strip() for v in visible.split(",") if v.strip()]
-    return [name for index, uuid, name in rows if index in wanted or uuid in wanted]
+    rows = [[field.strip() for field in line.split(",", 2)] for line in (listed or "").splitlines()]
+    wanted = cuda_visible_devices()
+    visible = rows if wanted is None else [row for row in rows if row[0] in wanted or row[1] in wanted]
+    return [row[2] for row in rows], [row[2] for row in visible]
 
 
 def _version(distribution: str) -> str | None:
@@ -96,8 +94,7 @@ def environment(servers: Mapping[str, ServerInfo], results_dir: Path) -> dict[st
     """Where this ran: versions, devices, each server's layout, commit."""
     versions = sorted({info.version for info in servers.values() if info.version})
     router = _version("vllm-router") if any(info.members for info in servers.values()) else None
-    gpus = _run("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
-    visible = visible_gpu_names()
+    gpus, visible = gpu_names()
     return {
         "pytest_apc": pytest_apc.__version__,
         "vllm": versions[0] if len(versions) == 1 else versions or None,
@@ -108,7 +105,7 @@ def environment(servers: Mapping[str, ServerInfo], results_dir: Path) -> dict[st
         "hostname": socket.gethostname(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
-        "gpus": gpus.splitlines() if gpus else [],
+        "gpus": gpus,
         # The GPUs the servers could use: their model and count decide whether two runs compare.
         "gpu_model": ", ".join(sorted(set(visible))) or None,
         "gpu_count": len(visible),
