@@ -16,6 +16,7 @@ from tabulate import tabulate
 
 from pytest_apc.config import Settings, model_path_for_display
 from pytest_apc.redaction import redact
+from pytest_apc.report.environment import LAYOUT_FLAGS, flag_value
 from pytest_apc.report.formatting import compact, first_line, num, percent
 from pytest_apc.report.view import ReportView
 
@@ -246,7 +247,7 @@ def server_lines(servers: list[dict[str, Any]], launches: Mapping[str, int]) -> 
     lines = []
     for info in servers:
         command = [str(a) for a in info.get("command") or []]
-        tp = next((command[i + 1] for i, a in enumerate(command[:-1]) if a == "--tensor-parallel-size"), "1")
+        tp = flag_value(command, LAYOUT_FLAGS["tensor_parallel_size"][0]) or "1"
         members = info.get("members") or []  # a fleet: each replica's own (the line shows replica 1's)
         each = f" each of {len(members)} replicas" if members else ""
         lines.append(
