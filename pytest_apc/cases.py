@@ -22,8 +22,10 @@ server's block size and the chat template's shared header; never hard-coded.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from pytest_apc.config import Settings
+if TYPE_CHECKING:  # annotations only: config imports this module
+    from pytest_apc.config import Settings
 
 FAMILIES = ("overhead", "pure", "rag", "fleet")
 # ON case -> OFF case of the same pair.

@@ -21,6 +21,8 @@ from typing import Any, Literal, TypeVar, overload
 
 import pytest
 
+from pytest_apc.cases import longest_request_tokens
+
 PROFILES = ("gpu", "cpu")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 # Bind addresses meaning "every interface"; clients reach such a server on the loopback address.
@@ -681,9 +683,6 @@ def connect_address(bind_host: str) -> str:
 
 
 def _check_lengths(settings: Settings) -> None:
-    # Imported here: cases.py imports this module.
-    from pytest_apc.cases import longest_request_tokens
-
     scale = settings.length_scale
     for name in ("prefix_len", "rag_prefix_len", "input_len", "suffix_len", "output_len"):
         value = getattr(settings, name)
@@ -724,16 +723,6 @@ def _check_fleet(settings: Settings) -> None:
         raise invalid("metrics_url", "replica URLs are only read for a fleet given by --apc-fleet-url")
     if settings.data_parallel_size == 1:
         raise invalid("data_parallel_size", "one rank is not data parallel (0 skips it, 2 or more measures it)")
-
-
-def fleet_routes(settings: Settings) -> tuple[str, ...]:
-    """The routes the fleet tests measure: the external fleet when one is given, else every router policy,
-    and vLLM's data-parallel balancer when --apc-data-parallel-size is set."""
-    from pytest_apc.cases import DATA_PARALLEL, EXTERNAL_FLEET
-
-    if settings.fleet_url:
-        return (EXTERNAL_FLEET,)
-    return settings.router_policies + ((DATA_PARALLEL,) if settings.data_parallel_size else ())
 
 
 def setting_names() -> Sequence[str]:

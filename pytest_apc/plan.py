@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_apc.cases import CASE_FAMILY, RunKey, ServerMode
+from pytest_apc.cases import CASE_FAMILY, DATA_PARALLEL, EXTERNAL_FLEET, RunKey, ServerMode
 from pytest_apc.config import SPEC_BY_NAME, Settings
 
 
@@ -136,3 +136,11 @@ def unused_settings(
         what, _, detail = what.partition("; ")
         messages.append(f"{head}: {what} ({'; '.join(part for part in (detail, why) if part)})")
     return messages
+
+
+def fleet_routes(settings: Settings) -> tuple[str, ...]:
+    """The routes the fleet tests measure: the external fleet when one is given, else every router policy,
+    and vLLM's data-parallel balancer when --apc-data-parallel-size is set."""
+    if settings.fleet_url:
+        return (EXTERNAL_FLEET,)
+    return settings.router_policies + ((DATA_PARALLEL,) if settings.data_parallel_size else ())

@@ -24,7 +24,7 @@ import pytest
 from pytest_apc import config as apc_config
 from pytest_apc import deployment, procs, redaction, report
 from pytest_apc.cases import CASE_APC, FAMILY_MARKERS, RunKey
-from pytest_apc.plan import TestUse, unused_settings
+from pytest_apc.plan import TestUse, fleet_routes, unused_settings
 from pytest_apc.records import MeasurementError, RunRecord
 from pytest_apc.session import ApcSession
 from pytest_apc.verdict import Pair, Verdict, not_comparable
@@ -165,7 +165,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
     levels = settings.sweep_concurrency if marker.kwargs.get("sweep") else (settings.concurrency,)
     if marker.kwargs.get("fleet"):
-        routes = apc_config.fleet_routes(settings)
+        routes = fleet_routes(settings)
         if not routes:
             reason = "no route to measure: --apc-router-policies is empty and --apc-data-parallel-size is 0"
             _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0], route="none"), "no-routes", reason)

@@ -14,6 +14,7 @@ from pytest_apc import config, fleet, metrics
 from pytest_apc.cases import DATA_PARALLEL, EXTERNAL_FLEET, RunKey, ServerMode, Workload, predict
 from pytest_apc.deployment import deployment_for, replica_gpus
 from pytest_apc.fleet import Fleet, Router, RouterError
+from pytest_apc.plan import fleet_routes
 from pytest_apc.server import ExternalServer, LaunchedServer, ServerError
 
 # -- predict() and Prediction.cold_prefills --------------------------------------------------------------
@@ -235,20 +236,20 @@ def test_prefix_groups_from_the_environment_name_it(pytester: pytest.Pytester) -
 
 
 def test_fleet_routes(pytester: pytest.Pytester) -> None:
-    assert config.fleet_routes(resolve(pytester)) == ("round_robin", "consistent_hash")
-    assert config.fleet_routes(resolve(pytester, "--apc-data-parallel-size=2")) == (
+    assert fleet_routes(resolve(pytester)) == ("round_robin", "consistent_hash")
+    assert fleet_routes(resolve(pytester, "--apc-data-parallel-size=2")) == (
         "round_robin", "consistent_hash", DATA_PARALLEL,
     )  # fmt: skip
-    assert config.fleet_routes(resolve(pytester, "--apc-router-policies=cache_aware,round_robin,cache_aware")) == (
+    assert fleet_routes(resolve(pytester, "--apc-router-policies=cache_aware,round_robin,cache_aware")) == (
         "cache_aware", "round_robin",
     )  # fmt: skip
-    assert config.fleet_routes(resolve(pytester, "--apc-router-policies=")) == ()
-    assert config.fleet_routes(resolve(pytester, "--apc-router-policies=", "--apc-data-parallel-size=4")) == ("dp",)
+    assert fleet_routes(resolve(pytester, "--apc-router-policies=")) == ()
+    assert fleet_routes(resolve(pytester, "--apc-router-policies=", "--apc-data-parallel-size=4")) == ("dp",)
     external = resolve(
         pytester, "--apc-fleet-url=http://gw", "--apc-metrics-url=http://r1", "--apc-metrics-url=http://r2",
         "--apc-data-parallel-size=2",
     )  # fmt: skip
-    assert config.fleet_routes(external) == (EXTERNAL_FLEET,)
+    assert fleet_routes(external) == (EXTERNAL_FLEET,)
 
 
 FLEET_SUITE = """
