@@ -52,6 +52,9 @@ class BenchOutcome:
     result_path: Path
     log_path: Path
     wall_s: float
+    # prefix_repetition: each request's prefix group (0, 1, ... in order of first appearance), in the order
+    # the benchmark sent them (vLLM shuffles the groups with the seed); [] for other datasets.
+    prompt_groups: tuple[int, ...] = ()
 
 
 def bench_args(
@@ -221,7 +224,8 @@ class BenchRunner:
                 f"{reply.get('error', '').strip()[-3000:]}\nre-run: {command}\nbenchmark log: {log_path}"
             )
         result = validate(result_path, num_prompts, command, log_path)
-        return BenchOutcome(result, command, result_path, log_path, round(time.monotonic() - started, 3))
+        groups = tuple(int(g) for g in reply.get("prompt_groups") or ())
+        return BenchOutcome(result, command, result_path, log_path, round(time.monotonic() - started, 3), groups)
 
     def close(self) -> None:
         if self.proc is not None:
@@ -247,8 +251,19 @@ def _parser() -> Any:
     return parser
 
 
-def _memoize_prompts() -> None:
-    """Reuse generated prompts across runs whose dataset arguments are identical."""
+# Characters of a prompt that tell its prefix group (a prefix is thousands of random tokens).
+GROUP_KEY_CHARS = 64
+
+
+def prompt_groups(prompts: list[str]) -> list[int]:
+    """Each prompt's prefix group, numbered in order of first appearance."""
+    seen: dict[str, int] = {}
+    return [seen.setdefault(prompt[:GROUP_KEY_CHARS], len(seen)) for prompt in prompts]
+
+
+def _memoize_prompts(sent: dict[str, Any]) -> None:
+    """Reuse generated prompts across runs whose dataset arguments are identical; keep the last run's
+    prefix groups in ``sent`` (the eviction prediction replays them in this order)."""
     import vllm.benchmarks.serve as serve
 
     original = serve.get_samples
@@ -258,20 +273,25 @@ def _memoize_prompts() -> None:
         key = repr(sorted((k, repr(v)) for k, v in vars(args).items() if k not in _NOT_DATASET))
         if key not in cache:
             cache[key] = original(args, tokenizer, *rest, **kwargs)
-        return list(cache[key])
+        samples = list(cache[key])
+        is_groups = getattr(args, "dataset_name", "") == "prefix_repetition"
+        sent["prompt_groups"] = prompt_groups([str(s.prompt) for s in samples]) if is_groups else []
+        return samples
 
     serve.get_samples = get_samples
 
 
 def _worker() -> int:
     parser = _parser()
-    _memoize_prompts()
+    sent: dict[str, Any] = {}
+    _memoize_prompts(sent)
     from vllm.benchmarks.serve import main
 
     saved_out, saved_err = os.dup(1), os.dup(2)
     for line in sys.stdin:
         request = json.loads(line)
         reply: dict[str, Any] = {"ok": True}
+        sent.clear()
         with open(request["log"], "ab") as log:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -287,6 +307,7 @@ def _worker() -> int:
                 sys.stderr.flush()
                 os.dup2(saved_out, 1)
                 os.dup2(saved_err, 2)
+        reply["prompt_groups"] = sent.get("prompt_groups", [])
         tmp = request["status"] + ".tmp"
         Path(tmp).write_text(json.dumps(reply))
         os.replace(tmp, request["status"])

@@ -9,10 +9,18 @@
 | E    | 32K    | 32K    | off | rag      | random, input 32768, prefix 32000     |
 | F    | 32K    | 32K    | on  | rag      | same                                  |
 | R    | 32K    | 1K     | on  | fleet    | prefix_repetition, G prefixes, routed |
+| N    | 32K    | 1K     | on  | offload  | prefix_repetition, G prefixes; small GPU cache, no tier |
+| O    | 32K    | 1K     | on  | offload  | same; small GPU cache + a CPU tier (--kv-offloading-size) |
 
 R is the fleet case: C/D's lengths in G prefix groups (``--apc-prefix-groups``), sent through a router
 (one run per route: a router policy, vLLM's data-parallel balancer, or an external gateway) to several
 replicas; its verdicts read every replica's counters (``cold_prefills``).
+
+N and O are the second cache tier: G prefix groups whose working set does not fit a deliberately small
+GPU cache (``offload.py`` sizes it, and the tier, from the workload and the model's KV bytes per token). N
+has nothing behind the GPU cache, so evicted prefixes are computed again (``eviction.py`` predicts its hits
+at concurrency 1); O keeps evicted blocks in CPU memory and loads them back: its hits across both tiers are
+the prediction of one server with room for everything.
 
 A *workload* is what the benchmark sends; the ON and OFF case of a pair share it byte for byte.
 The expected cache hits are computed here (``predict``) from the workload's shape, the
@@ -27,11 +35,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # annotations only: config imports this module
     from pytest_apc.config import Settings
 
-FAMILIES = ("overhead", "pure", "rag", "fleet")
-# ON case -> OFF case of the same pair.
-PAIRS = {"B": "A", "D": "C", "F": "E"}
-CASE_FAMILY = {"A": "overhead", "B": "overhead", "C": "pure", "D": "pure", "E": "rag", "F": "rag", "R": "fleet"}
-CASE_APC = {"A": False, "B": True, "C": False, "D": True, "E": False, "F": True, "R": True}
+FAMILIES = ("overhead", "pure", "rag", "fleet", "offload")
+# Compared case -> its baseline in a pair: ON -> OFF, and the offload tier -> the same cache without one.
+PAIRS = {"B": "A", "D": "C", "F": "E", "O": "N"}
+CASE_FAMILY = {
+    "A": "overhead", "B": "overhead", "C": "pure", "D": "pure", "E": "rag", "F": "rag", "R": "fleet",
+    "N": "offload", "O": "offload",
+}  # fmt: skip
+CASE_APC = {"A": False, "B": True, "C": False, "D": True, "E": False, "F": True, "R": True, "N": True, "O": True}
+# The families whose servers are not the user's plain server: measured only when selected by their marker,
+# never as part of ``-m apc`` (a fleet needs a router and replicas; the offload tier tens of GiB of pinned
+# host memory and a GPU).
+OWN_MARKER_FAMILIES = ("fleet", "offload")
 # The markers of the suite's test families (tests_apc), beside apc: a case family's, or the sweep's, or the
 # hash-algorithm comparison's.
 FAMILY_MARKERS = (*FAMILIES, "sweep", "hash_algo")
@@ -43,8 +58,13 @@ CASE_PURPOSE = {
     "E": "agent/RAG baseline",
     "F": "agent/RAG APC effect",
     "R": "prefix groups routed across replicas",
+    "N": "small GPU cache, no tier: evicted prefixes recomputed",
+    "O": "small GPU cache + CPU offload tier",
 }
 # Routes of the fleet case that are not router policies.
+# The offload case's servers: a GPU cache too small for the working set, without and with a CPU tier.
+SMALL_CACHE = "small-cache"
+OFFLOAD_TIER = "offload-tier"
 DATA_PARALLEL = "dp"  # one vLLM server with --data-parallel-size: its own balancer
 EXTERNAL_FLEET = "external"  # a router or gateway run elsewhere (--apc-fleet-url)
 
@@ -63,7 +83,7 @@ class Workload:
 
     @property
     def dataset(self) -> str:
-        return "prefix_repetition" if self.family in ("pure", "fleet") else "random"
+        return "prefix_repetition" if self.family in ("pure", "fleet", "offload") else "random"
 
     def dataset_args(self) -> list[str]:
         """The dataset flags of ``vllm bench serve`` for this workload."""
@@ -97,12 +117,17 @@ def workload_for(family: str, settings: Settings) -> Workload:
     s = settings.scaled
     if family == "overhead":
         prefix, suffix = 0, s(settings.input_len)
-    elif family in ("pure", "fleet"):
+    elif family in ("pure", "fleet", "offload"):
         prefix, suffix = s(settings.prefix_len), s(settings.suffix_len)
     elif family == "rag":
         prefix, suffix = s(settings.rag_prefix_len), s(settings.input_len)
     else:  # pragma: no cover - guarded by FAMILIES
         raise ValueError(f"unknown case family {family!r}")
+    if family == "offload":
+        # vLLM's prefix_repetition sends num_prompts // G per group: ask for exactly what it sends.
+        groups = settings.offload_groups
+        prompts = settings.num_prompts // groups * groups
+        return Workload(family, prefix, suffix, s(settings.offload_output_len), prompts, settings.seed, groups)
     groups = settings.prefix_groups if family == "fleet" else 1
     return Workload(family, prefix, suffix, s(settings.output_len), settings.num_prompts, settings.seed, groups)
 
@@ -119,11 +144,12 @@ class ServerMode:
     apc: bool
     hash_algo: str = ""
     fleet: str = ""  # "" one server; "router": replicas behind a router; "dp": a data-parallel server; "external"
+    cache: str = ""  # "" the server's own KV cache; SMALL_CACHE or OFFLOAD_TIER (the offload case)
 
     @property
     def name(self) -> str:
         name = ("apc-on" if self.apc else "apc-off") + (f"-{self.hash_algo}" if self.hash_algo else "")
-        return name + (f"-fleet-{self.fleet}" if self.fleet else "")
+        return name + (f"-fleet-{self.fleet}" if self.fleet else "") + (f"-{self.cache}" if self.cache else "")
 
 
 def ceil_div(tokens: int, block_size: int) -> int:
@@ -151,6 +177,8 @@ class RunKey:
     @property
     def mode(self) -> ServerMode:
         """The deployment this run is measured on (every router policy shares one fleet of replicas)."""
+        if self.family == "offload":
+            return ServerMode(True, cache=OFFLOAD_TIER if self.case == "O" else SMALL_CACHE)
         if not self.route:
             return ServerMode(self.apc, self.hash_algo)
         fleet = self.route if self.route in (DATA_PARALLEL, EXTERNAL_FLEET) else "router"
@@ -175,8 +203,9 @@ class RunKey:
         return cls(parts[0], int(parts[1][1:]), last)
 
     def pair(self) -> tuple[RunKey, RunKey]:
-        """(OFF run, ON run) of this key's pair; the OFF side never carries a hash algorithm."""
-        on_case = self.case if self.apc else {v: k for k, v in PAIRS.items()}[self.case]
+        """(baseline run, compared run) of this key's pair: (OFF, ON), or (no tier, tier) for the offload
+        case; the baseline never carries a hash algorithm."""
+        on_case = self.case if self.case in PAIRS else {v: k for k, v in PAIRS.items()}[self.case]
         return RunKey(PAIRS[on_case], self.concurrency), RunKey(on_case, self.concurrency, self.hash_algo)
 
 

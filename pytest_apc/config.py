@@ -548,6 +548,50 @@ class Settings:
         repeatable=True,
     )
 
+    offload_groups: int = setting(
+        number(int, low=2),
+        4,
+        (
+            "Offload tests: distinct 32K prefixes (G), num_prompts // G requests each, sent in vLLM's shuffled "
+            "order: their working set is what the small GPU cache cannot hold and the CPU tier must"
+        ),
+        "G",
+    )
+    offload_concurrency: tuple[int, ...] = setting(
+        _int_list,
+        (1, 8),
+        (
+            "Offload tests: the --max-concurrency levels of cases N and O (at 1 the GPU cache's own hits are "
+            "predicted exactly by replaying vLLM's block pool; above it they are reported)"
+        ),
+        "N,N",
+    )
+    offload_output_len: int = setting(
+        _positive_int,
+        64,
+        "Offload tests: output tokens per request (short: the case measures the prefill each tier serves)",
+        "N",
+    )
+    offload_gpu_blocks: int = setting(
+        _non_negative_int,
+        0,
+        (
+            "Offload tests: the GPU KV cache of both servers, in blocks (vLLM --num-gpu-blocks-override). 0: one "
+            "and a half requests' worth, so that one request fits and the prefix groups do not"
+        ),
+        "BLOCKS",
+    )
+    offload_tier_gib: float = setting(
+        number(float, low=0),
+        0.0,
+        (
+            "Offload tests: the CPU tier of case O in GiB (vLLM --kv-offloading-size, pinned host memory). 0: 1.5 x "
+            "the working set (every prefix group and every request's own blocks) at the model's KV bytes per "
+            "token; a smaller one is a warning that states the tokens short"
+        ),
+        "GIB",
+    )
+
     @property
     def enabled(self) -> bool:
         return self.profile is not None
@@ -721,6 +765,8 @@ def _check_fleet(settings: Settings) -> None:
         raise invalid("fleet_url", "a fleet needs the base URL of each of its replicas (--apc-metrics-url, 2 or more)")
     if settings.metrics_url and not settings.fleet_url:
         raise invalid("metrics_url", "replica URLs are only read for a fleet given by --apc-fleet-url")
+    if settings.offload_groups > settings.num_prompts:
+        raise invalid("offload_groups", f"more prefix groups than apc_num_prompts {settings.num_prompts}")
     if settings.data_parallel_size == 1:
         raise invalid("data_parallel_size", "one rank is not data parallel (0 skips it, 2 or more measures it)")
 

@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
-from pytest_apc import metrics
+from pytest_apc import metrics, offload
 from pytest_apc.cases import (
     DATA_PARALLEL,
     EXTERNAL_FLEET,
@@ -37,9 +37,11 @@ from pytest_apc.cases import (
     ServerMode,
     ceil_div,
     longest_request_tokens,
+    workload_for,
 )
 from pytest_apc.config import Settings
 from pytest_apc.fleet import Fleet, Router
+from pytest_apc.offload import OffloadSizeError, OffloadSizes
 from pytest_apc.records import ServerInfo
 from pytest_apc.server import (
     ENV_PLACEHOLDER,
@@ -127,6 +129,18 @@ def deployment_for(
         """A replica's own log, beside the others: server-<mode>-r<N>.log."""
         return replace(how, log_path=run_dir / f"server-{mode.name}-r{index + 1}.log")
 
+    if mode.cache:
+        try:
+            sized = offload_sizes(settings, model)
+        except OffloadSizeError as err:
+            raise ServerError(
+                f"{err}; give the sizes instead (--apc-offload-gpu-blocks and --apc-offload-tier-gib)"
+            ) from err
+        server = launched_server(
+            mode, settings, model, how, tensor_parallel=tensor_parallel_size(settings), extra=sized.server_args(mode)
+        )
+        server.info.offload = sized.as_dict()
+        return server
     if mode.fleet == EXTERNAL_FLEET:
         replicas: list[Endpoint] = [ExternalServer(mode, replica(i), url) for i, url in enumerate(settings.metrics_url)]
         return Fleet(mode, replicas, url=settings.fleet_url, log_path=replicas[0].log_path, progress=progress)
@@ -273,6 +287,18 @@ def external_url(mode: ServerMode, settings: Settings) -> str:
     if mode.hash_algo or mode.fleet:
         return ""
     return settings.url_on if mode.apc else settings.url_off
+
+
+def offload_sizes(settings: Settings, model: str) -> OffloadSizes:
+    """The GPU cache and CPU tier of the offload case's servers (offload.py), from the model's config."""
+    return offload.sizes(
+        workload_for("offload", settings),
+        offload.model_config(model),
+        tuple(settings.server_arg),
+        TEMPLATE_HEADROOM,
+        gpu_blocks=settings.offload_gpu_blocks,
+        tier_gib=settings.offload_tier_gib,
+    )
 
 
 def max_model_len(settings: Settings) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pytest_apc import metrics
+from pytest_apc import eviction, metrics
 from pytest_apc.bench import BenchRunner, bench_args
 from pytest_apc.cases import RunKey, Workload, predict, workload_for
 from pytest_apc.config import Settings
@@ -48,6 +48,8 @@ class Measurer:
             record.prediction = predict(
                 workload, header, deployment.info.block_size, int(results[0].bench["total_input_tokens"])
             )
+            if key.family == "offload":
+                record.local_hits_predicted = replay_local_hits(record)
         return record
 
     def _once(self, key: RunKey, workload: Workload, deployment: Deployment, name: str) -> Repeat:
@@ -89,4 +91,25 @@ class Measurer:
             except metrics.MetricsError as err:
                 metrics_error = str(err)
         path = str(outcome.result_path)
-        return Repeat(outcome.result, delta, metrics_error, reset, path, outcome.command, parts, router_command)
+        groups = list(outcome.prompt_groups)
+        return Repeat(outcome.result, delta, metrics_error, reset, path, outcome.command, parts, router_command, groups)
+
+
+def replay_local_hits(record: RunRecord) -> int | None:
+    """The local hits vLLM's block pool gives the first repeat's requests, in the order they were sent and
+    with the prompt lengths the server counted (eviction.py); None when the benchmark did not say them."""
+    repeat, info, p = record.repeats[0], record.server, record.prediction
+    lengths = repeat.bench.get("input_lens") or []
+    outputs = repeat.bench.get("output_lens") or []
+    groups = repeat.prompt_groups
+    if p is None or not info.num_gpu_blocks or not (len(groups) == len(lengths) == len(outputs) > 0):
+        return None
+    requests = [eviction.Request(g, int(n), int(o)) for g, n, o in zip(groups, lengths, outputs, strict=True)]
+    hits = eviction.local_hits(
+        requests,
+        header_tokens=record.header_tokens,
+        shared_tokens=p.shared_prefix_tokens,
+        block_size=p.block_size,
+        gpu_blocks=info.num_gpu_blocks,
+    )
+    return sum(hits)

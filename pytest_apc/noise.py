@@ -220,8 +220,9 @@ class Calibration:
 
 
 def gated_runs(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The runs of a results file the gate can judge, by id: single-server runs (fleet runs are not gated)."""
-    return {str(r["id"]): r for r in doc.get("runs") or [] if not r.get("route")}
+    """The runs of a results file the gate can judge, by id: the six cases' runs (fleet and offload runs
+    are not gated)."""
+    return {str(r["id"]): r for r in doc.get("runs") or [] if not r.get("route") and r.get("family") != "offload"}
 
 
 def repeat_groups(

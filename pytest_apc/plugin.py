@@ -23,7 +23,7 @@ import pytest
 
 from pytest_apc import config as apc_config
 from pytest_apc import deployment, procs, redaction, report
-from pytest_apc.cases import CASE_APC, FAMILY_MARKERS, RunKey
+from pytest_apc.cases import CASE_APC, CASE_FAMILY, FAMILY_MARKERS, OWN_MARKER_FAMILIES, RunKey
 from pytest_apc.plan import TestUse, fleet_routes, unused_settings
 from pytest_apc.records import MeasurementError, RunRecord
 from pytest_apc.session import ApcSession
@@ -52,11 +52,19 @@ MARKERS = (
     "pure: cases C/D, a shared prefix and a short unique suffix (the pure APC effect)",
     "rag: cases E/F, a shared prefix and an equally long unique suffix (agent/RAG)",
     "sweep: the concurrency sweep over cases C-F",
-    "apc_cases(cases, sweep=False, hash_algos=False): parametrize apc_run / apc_pair over these cases "
-    "(e.g. 'CD') at the default concurrency, over --apc-sweep-concurrency (sweep), or per --apc-hash-algos",
+    "apc_cases(cases, sweep=False, hash_algos=False, sequential=False): parametrize apc_run / apc_pair over "
+    "these cases (e.g. 'CD') at the default concurrency, over --apc-sweep-concurrency (sweep), or per "
+    "--apc-hash-algos; cases N/O over --apc-offload-concurrency (sequential: at concurrency 1 only)",
     "hash_algo: the comparison of prefix-caching hash algorithms (--apc-hash-algos)",
     "fleet: case R on replicas behind a router (vllm-router policies, data parallel, an external fleet); "
     "not part of -m apc: select with -m fleet",
+    "offload: cases N/O, a GPU cache too small for the prefix groups without and with a CPU offload tier "
+    "(--gpu-node only); not part of -m apc: select with -m offload",
+)
+# Why the offload cases skip on --cpu-node.
+NO_CPU_OFFLOAD = (
+    "vLLM's CPU build has no KV offload tier (its native offloading connector needs CUDA or XPU): "
+    "the offload tests run on --gpu-node"
 )
 
 
@@ -164,6 +172,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             "cases are A-F, e.g. @pytest.mark.apc_cases('CD')"
         )
     levels = settings.sweep_concurrency if marker.kwargs.get("sweep") else (settings.concurrency,)
+    if any(CASE_FAMILY[c] == "offload" for c in cases):
+        if settings.profile == "cpu":
+            _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0]), "cpu-node", NO_CPU_OFFLOAD)
+            return
+        levels = settings.offload_concurrency
+        if marker.kwargs.get("sequential"):  # a check that holds at concurrency 1 only
+            if 1 not in levels:
+                reason = f"concurrency 1 is not in --apc-offload-concurrency {','.join(map(str, levels))}"
+                _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0]), "no-c1", reason)
+                return
+            levels = (1,)
     if marker.kwargs.get("fleet"):
         routes = fleet_routes(settings)
         if not routes:
@@ -226,12 +245,13 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     keys = _keys_of(item)
     uses_apc = bool(keys) or "apc_session" in getattr(item, "fixturenames", ())
     if uses_apc and not _measures(item):
-        item.add_marker(pytest.mark.fleet if any(key.route for key in keys) else pytest.mark.apc)
+        own = [key.family for key in keys if key.family in OWN_MARKER_FAMILIES]
+        item.add_marker(getattr(pytest.mark, own[0]) if own else pytest.mark.apc)
 
 
 def _measures(item: pytest.Item) -> bool:
-    """A test that measures: marked ``apc`` or ``fleet``."""
-    return item.get_closest_marker("apc") is not None or item.get_closest_marker("fleet") is not None
+    """A test that measures: marked ``apc``, or with the marker of a family outside it (``fleet``, ``offload``)."""
+    return any(item.get_closest_marker(name) is not None for name in ("apc", *OWN_MARKER_FAMILIES))
 
 
 @pytest.hookimpl(trylast=True)  # after -m / -k deselection: plan only what will run

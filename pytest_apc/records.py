@@ -46,6 +46,8 @@ class ServerInfo:
     # A fleet: each replica's own identity (the fields above, as a dict); the fleet's own are replica 1's
     # where they agree (the fleet refuses replicas that do not), its URL is the router's.
     members: list[dict[str, Any]] = field(default_factory=list)
+    # The offload case: the sizes it was launched with and why (offload.OffloadSizes, as a dict).
+    offload: dict[str, Any] = field(default_factory=dict)
 
     @property
     def external(self) -> bool:
@@ -66,6 +68,7 @@ class Repeat:
     # Per replica (fleet) or data-parallel engine: name -> counter deltas; {} for one server.
     parts: dict[str, metrics.Delta] = field(default_factory=dict)
     router_command: str = ""  # the router that routed this repeat (a fleet behind a launched router)
+    prompt_groups: list[int] = field(default_factory=list)  # each request's prefix group, in sending order
 
     def ttft_ms(self, statistic: str) -> float | None:
         """This repeat's ``mean`` or ``median`` TTFT (ms) over its requests: the per-repeat values the
@@ -106,6 +109,9 @@ class RunRecord:
     header_tokens: int
     wall_s: float
     prediction: Prediction | None = None
+    # The offload case: local hits of a replay of vLLM's block pool over the requests as sent (eviction.py);
+    # exact at concurrency 1.
+    local_hits_predicted: int | None = None
 
     @property
     def bench(self) -> dict[str, Any]:
@@ -200,6 +206,9 @@ class RunRecord:
             "prompt_tokens": d.prompt_tokens if d else None,
             "computed_tokens": d.computed_tokens if d else None,
             "cached_tokens": d.cached_tokens if d else None,
+            "external_tokens": d.external_tokens if d else None,
+            "hits_all_tiers": tier_hits(d) if d else None,
+            "local_hits_predicted": self.local_hits_predicted,
             "preemptions": d.preemptions if d else None,
             "metric_names": d.metric_names if d else {},
             "metrics_error": self.metrics_error,
@@ -220,12 +229,23 @@ class RunRecord:
                     "delta": r.delta.as_dict() if r.delta else None,
                     **({"parts": {name: d.as_dict() for name, d in r.parts.items()}} if r.parts else {}),
                     **({"router_command": r.router_command} if r.router_command else {}),
+                    **({"prompt_groups": r.prompt_groups} if r.prompt_groups else {}),
                 }
                 for r in self.repeats
             ],
             **({"route": self.key.route, "prefix_groups": self.workload.prefix_groups} if self.key.route else {}),
             "wall_s": self.wall_s,
         }
+
+
+def tier_hits(d: metrics.Delta) -> int | None:
+    """Prompt tokens served from a cache, both tiers: the by-source counters (exact, also where vLLM's
+    query and hit counters over-count), else the hit counter plus any external hits."""
+    if d.cached_tokens is not None:
+        return d.cached_tokens + (d.external_tokens or 0)
+    if d.prefix_cache_hits is None:
+        return None
+    return d.prefix_cache_hits + (d.external_tokens or 0)
 
 
 def _median(values: list[Any]) -> float | None:
@@ -306,4 +326,5 @@ def _record_from_state(state: dict[str, Any]) -> RunRecord:
         header_tokens=state["header_tokens"],
         wall_s=state["wall_s"],
         prediction=Prediction(**prediction) if prediction is not None else None,
+        local_hits_predicted=state.get("local_hits_predicted"),
     )

@@ -178,6 +178,19 @@ def expand_launcher(launcher: Sequence[str], env_names: Sequence[str]) -> list[s
     return argv
 
 
+def flag_value(command: Sequence[str], names: Sequence[str]) -> str | None:
+    """The value of the last of ``names`` on a command line (``--flag V`` or ``--flag=V``), as argparse
+    keeps the last; None when absent."""
+    found = None
+    for i, part in enumerate(command):
+        for name in names:
+            if part == name and i + 1 < len(command):
+                found = command[i + 1]
+            elif part.startswith(name + "="):
+                found = part.split("=", 1)[1]
+    return found
+
+
 def build_command(
     base: Sequence[str],
     *,

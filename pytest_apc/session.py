@@ -20,10 +20,11 @@ from typing import Any
 
 from pytest_apc import metrics, results
 from pytest_apc.bench import BenchError, BenchRunner
-from pytest_apc.cases import RunKey, ServerMode, workload_for
+from pytest_apc.cases import OFFLOAD_TIER, RunKey, ServerMode, workload_for
 from pytest_apc.config import Settings
 from pytest_apc.deployment import Deployment, deployment_for, missing_requirement, served_model
 from pytest_apc.measure import Measurer
+from pytest_apc.offload import OffloadSizes
 from pytest_apc.plan import Plan
 from pytest_apc.records import Measured, MeasurementError, RunRecord, ServerInfo
 from pytest_apc.server import ServerError, tail
@@ -98,6 +99,7 @@ class ApcSession:
             return
         try:
             self._probe_chat_header(deployment)
+            self._check_offload_sizes(deployment.info)
             keys = self._check_kv_capacity(keys, deployment.info)
             self.write_json()
             self._measure_runs(keys, deployment)
@@ -180,6 +182,9 @@ class ApcSession:
             return keys
         kept = []
         for key in keys:
+            if key.family == "offload":  # its GPU cache is too small on purpose
+                kept.append(key)
+                continue
             per_request = workload_for(key.family, self.settings).kv_blocks_per_request(
                 info.chat_header_tokens or 0, info.block_size
             )
@@ -198,6 +203,21 @@ class ApcSession:
             else:
                 kept.append(key)
         return kept
+
+    def _check_offload_sizes(self, info: ServerInfo) -> None:
+        """The offload case's sizes as launched: a tier too small, a GPU cache too large, or a server that
+        did not take the GPU cache size it was given, are warnings that say what the runs will show."""
+        if not info.offload:
+            return
+        sizes = OffloadSizes(**{k: v for k, v in info.offload.items() if k != "tier_tokens"})
+        found = sizes.warnings(tier=info.mode.endswith(OFFLOAD_TIER))
+        if info.num_gpu_blocks and info.num_gpu_blocks != sizes.gpu_blocks:
+            found.append(
+                f"the server reports {info.num_gpu_blocks:,} GPU blocks, not the {sizes.gpu_blocks:,} it was given "
+                "(--num-gpu-blocks-override): the eviction prediction uses the server's number"
+            )
+        for message in found:
+            self._warn(f"{info.mode}: {message}")
 
     def _fail_runs(self, keys: list[RunKey], message: str) -> None:
         for key in keys:

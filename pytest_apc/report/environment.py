@@ -13,7 +13,7 @@ import platform
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import pytest
 
 import pytest_apc
 from pytest_apc.records import EXTERNAL, ServerInfo
-from pytest_apc.server import cuda_visible_devices
+from pytest_apc.server import cuda_visible_devices, flag_value
 
 # Server flags that set the layout and precision, with vLLM's short forms, and what they default to.
 LAYOUT_FLAGS = {
@@ -38,19 +38,6 @@ def _run(*cmd: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out or None
-
-
-def flag_value(command: Sequence[str], names: Sequence[str]) -> str | None:
-    """The value of the last of ``names`` on a command line (``--flag V`` or ``--flag=V``), as argparse
-    keeps the last; None when absent."""
-    found = None
-    for i, part in enumerate(command):
-        for name in names:
-            if part == name and i + 1 < len(command):
-                found = command[i + 1]
-            elif part.startswith(name + "="):
-                found = part.split("=", 1)[1]
-    return found
 
 
 def server_layout(server: Mapping[str, Any]) -> dict[str, str | None]:

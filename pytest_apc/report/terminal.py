@@ -16,9 +16,10 @@ from tabulate import tabulate
 
 from pytest_apc.config import Settings, model_path_for_display
 from pytest_apc.redaction import redact
-from pytest_apc.report.environment import LAYOUT_FLAGS, flag_value
+from pytest_apc.report.environment import LAYOUT_FLAGS
 from pytest_apc.report.formatting import compact, first_line, num, percent
 from pytest_apc.report.view import ReportView
+from pytest_apc.server import flag_value
 
 Markup = dict[str, bool]  # keyword arguments of pytest's TerminalWriter.write_line: red, yellow, bold
 

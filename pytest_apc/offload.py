@@ -1,0 +1,141 @@
+"""The offload case's sizes: a GPU KV cache too small for the prefix groups, and a CPU tier that holds them.
+
+Both come from the workload and the model's KV bytes per token, never from a hand-set number:
+
+    KV bytes per token = 2 (K and V) x layers x KV heads x head dim x bytes per element of the KV dtype
+                         (MLA models: layers x (kv_lora_rank + qk_rope_head_dim) x bytes per element)
+    one request        = blocks of the template header, prompt and output
+    GPU cache          = 1.5 requests: one request fits (it never evicts its own prefix), two prefix
+                         groups do not (``--apc-offload-gpu-blocks`` overrides)
+    working set        = every group's prefix and every request's own blocks (suffix and output): the
+                         tier keeps every block the GPU cache evicts, so this is what it must hold for no
+                         prompt token to be computed twice
+    tier               = 1.5 x the working set, whole GiB (``--apc-offload-tier-gib`` overrides)
+
+vLLM takes them as ``--num-gpu-blocks-override`` and ``--kv-offloading-size`` (GiB, all tensor-parallel
+ranks together; the native OffloadingConnector, pinned host memory).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_apc.cases import OFFLOAD_TIER, ServerMode, Workload, ceil_div
+from pytest_apc.server import flag_value
+
+GIB = 1 << 30
+HEADROOM = 1.5  # both sizes: a GPU cache of 1.5 requests, a tier of 1.5 working sets
+# Bytes per element of a KV-cache dtype (vLLM --kv-cache-dtype, or the model's dtype under "auto").
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp16": 2, "bf16": 2}
+
+
+class OffloadSizeError(ValueError):
+    """The model's KV bytes per token cannot be worked out (say the sizes instead)."""
+
+
+@dataclass(frozen=True)
+class OffloadSizes:
+    """What both offload servers get, and why."""
+
+    kv_bytes_per_token: int
+    block_size: int  # the size the sizes assume (vLLM's default 16, or --block-size); the server reports its own
+    request_blocks: int  # one request at its longest, header room included
+    gpu_blocks: int
+    working_set_tokens: int
+    tier_gib: float
+
+    @property
+    def tier_tokens(self) -> int:
+        return int(self.tier_gib * GIB // self.kv_bytes_per_token)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "tier_tokens": self.tier_tokens}
+
+    def server_args(self, mode: ServerMode) -> tuple[str, ...]:
+        """vLLM flags of the small-cache server (no tier) or the one with the tier."""
+        args: tuple[str, ...] = ("--num-gpu-blocks-override", str(self.gpu_blocks))
+        if mode.cache == OFFLOAD_TIER:
+            args += ("--kv-offloading-size", f"{self.tier_gib:g}")
+        return args
+
+    def warnings(self, tier: bool) -> list[str]:
+        """A tier too small for the working set (``tier``: the server has one), or a GPU cache that holds it
+        (then nothing is evicted and the case measures nothing)."""
+        found = []
+        if tier and self.tier_tokens < self.working_set_tokens:
+            short = self.working_set_tokens - self.tier_tokens
+            found.append(
+                f"the CPU tier of {self.tier_gib:g} GiB holds {self.tier_tokens:,} tokens at "
+                f"{self.kv_bytes_per_token:,} KV bytes per token, {short:,} short of the working set of "
+                f"{self.working_set_tokens:,} (every prefix group and every request's own blocks): hits across "
+                "the tiers will fall short of the prediction"
+            )
+        if self.gpu_blocks * self.block_size >= self.working_set_tokens:
+            found.append(
+                f"the GPU cache of {self.gpu_blocks:,} blocks holds the whole working set of "
+                f"{self.working_set_tokens:,} tokens: nothing is evicted, so neither eviction nor the tier is measured"
+            )
+        return found
+
+
+def kv_bytes_per_token(config: dict[str, Any], server_args: tuple[str, ...] = ()) -> int:
+    """KV-cache bytes one token takes on all GPUs together, from a Hugging Face model config and the
+    server's ``--kv-cache-dtype`` / ``--dtype``."""
+    text = config.get("text_config") or config  # multimodal configs nest the language model
+    try:
+        layers = int(text["num_hidden_layers"])
+        kv_dtype = flag_value(server_args, ("--kv-cache-dtype",)) or "auto"
+        if kv_dtype.startswith("fp8"):
+            element = 1
+        else:
+            dtype = flag_value(server_args, ("--dtype",)) or "auto"
+            if dtype == "auto":
+                dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "bfloat16")
+            element = DTYPE_BYTES[dtype.removeprefix("torch.")]
+        if text.get("kv_lora_rank"):  # MLA: one latent vector and the rope part per layer
+            return layers * (int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim") or 0)) * element
+        heads = int(text["num_attention_heads"])
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError) as err:
+        raise OffloadSizeError(f"the model config lacks what KV bytes per token need ({err!r})") from err
+    return 2 * layers * kv_heads * head_dim * element
+
+
+def model_config(model: str) -> dict[str, Any]:
+    """The model's config.json: from its folder, else through transformers (a hub name)."""
+    local = Path(model) / "config.json"
+    if local.is_file():
+        data: dict[str, Any] = json.loads(local.read_text())
+        return data
+    try:
+        from transformers import AutoConfig
+
+        return dict(AutoConfig.from_pretrained(model).to_dict())
+    except Exception as err:
+        raise OffloadSizeError(f"cannot read the config of model {model!r}: {err}") from err
+
+
+def sizes(
+    workload: Workload,
+    config: dict[str, Any],
+    server_args: tuple[str, ...],
+    header_room: int,
+    *,
+    gpu_blocks: int = 0,
+    tier_gib: float = 0.0,
+) -> OffloadSizes:
+    """The sizes for ``workload`` (0: derived); ``header_room`` bounds the chat template's tokens."""
+    block = int(flag_value(server_args, ("--block-size",)) or 16)
+    per_token = kv_bytes_per_token(config, server_args)
+    request = ceil_div(header_room + workload.prompt_len + workload.output_len, block)
+    groups, n = workload.prefix_groups, workload.num_prompts
+    own = ceil_div(workload.suffix_len + workload.output_len + block, block) * block  # the boundary block too
+    working_set = groups * (header_room + workload.prefix_len) + n * own
+    gpu = gpu_blocks or math.ceil(HEADROOM * request)
+    tier = tier_gib or float(math.ceil(HEADROOM * working_set * per_token / GIB))
+    return OffloadSizes(per_token, block, request, gpu, working_set, tier)

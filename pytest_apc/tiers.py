@@ -1,0 +1,172 @@
+"""Verdicts of the offload case: hits across the GPU cache and the CPU tier, the tier's payoff, and the
+local hits of a GPU cache too small for the workload (eviction).
+
+Counters: ``prompt_tokens_by_source`` splits every prompt token into ``local_cache_hit`` (the GPU prefix
+cache), ``external_kv_transfer`` (loaded from the tier) and ``local_compute``; the three add up to the
+prompt tokens. They are the source of truth here, because vLLM's ``prefix_cache_queries``/``hits`` over-count
+under KV-cache pressure (verdict.overcount), which is this case's normal state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_apc.records import MeasurementError, RunRecord, tier_hits
+from pytest_apc.verdict import Pair, Verdict, _repeat_numbers, _window, overcount
+
+
+def _prediction(run: RunRecord) -> Any:
+    if run.prediction is None:
+        raise MeasurementError(
+            f"cannot predict the hits of run {run.key.id}: block size {run.block_size or 'unknown'}, chat header "
+            f"{run.server.chat_header_error or 'unknown'}"
+        )
+    return run.prediction
+
+
+def _sources(run: RunRecord) -> list[tuple[int, int, int, int]]:
+    """(input tokens, local hits, tier hits, computed) of every repeat; a failure when the server does not
+    split its prompt tokens by source (vLLM before 0.12), since nothing else tells the tiers apart."""
+    found = []
+    for repeat, d in run.require_counters():
+        if d.cached_tokens is None or d.computed_tokens is None:
+            raise MeasurementError(
+                f"cannot tell the tiers apart in run {run.key.id}: the {run.server.mode} server's /metrics has no "
+                "vllm:prompt_tokens_by_source_total (vLLM 0.12 or later exports it)"
+            )
+        found.append(
+            (int(repeat.bench["total_input_tokens"]), d.cached_tokens, d.external_tokens or 0, d.computed_tokens)
+        )
+    return found
+
+
+def hits_across_tiers(run: RunRecord) -> Verdict:
+    """Case O: local + tier hits are what one server with room for everything hits,
+    (N - G) x P + (G - 1) x Q; the tier served some of them; the sources add up to the prompt tokens."""
+    p = _prediction(run)
+    lines: list[str] = []
+    problems: list[str] = []
+    per_repeat: list[dict[str, Any]] = []
+    failed: list[bool] = []
+    for repeat, (tokens, local, tier, computed) in zip(run.repeats, _sources(run), strict=True):
+        known = len(problems)
+        total = local + tier
+        lines.append(
+            f"{run.key.id}: hits {total:,} = {local:,} from the GPU cache + {tier:,} from the CPU tier; predicted "
+            f"{p.expected_hits:,} = ({run.workload.num_prompts} - {p.prefix_groups}) x {p.group_tokens:,} + "
+            f"({p.prefix_groups} - 1) x {p.header_block_tokens} {_window(p)}; computed {computed:,} of {tokens:,}"
+        )
+        if local + tier + computed != tokens:
+            problems.append(
+                f"the sources add up to {local + tier + computed:,}, not the benchmark's {tokens:,} prompt tokens"
+            )
+        if tier <= 0:
+            problems.append("the CPU tier served nothing (external_kv_transfer 0): is the tier configured?")
+        if total < p.expected_hits - p.tolerance:
+            problems.append(f"hits {total:,} fall {p.expected_hits - total:,} short of the prediction")
+            problems.append("diagnosis: " + _diagnose_short(run))
+        elif total > p.expected_hits + p.tolerance_above:
+            problems.append(f"hits {total:,} exceed the prediction by {total - p.expected_hits:,}")
+            problems.append(
+                "diagnosis: prefixes survived the reset before the run: the first request of a group hit them. "
+                f"The reset was {repeat.reset!r}; a KV connector whose reset does not empty its store (e.g. "
+                "LMCache's, which report success and clear nothing) shows exactly this"
+            )
+        per_repeat.append({"hits_all_tiers": total, "local": local, "tier": tier, "computed": computed,
+                           "expected_hits": p.expected_hits, "input_tokens": tokens})  # fmt: skip
+        failed.append(len(problems) > known)
+    return Verdict(
+        "hits_across_tiers",
+        [run.key.id],
+        not problems,
+        _message(lines, problems, run),
+        _repeat_numbers(per_repeat, failed),
+    )
+
+
+def _message(lines: list[str], problems: list[str], run: RunRecord) -> str:
+    notes = [n for (r, d) in run.require_counters() if (n := overcount(d, int(r.bench["total_input_tokens"])))]
+    return "\n".join(
+        lines + [f"- {problem}" for problem in dict.fromkeys(problems)] + [f"note: {n}" for n in dict.fromkeys(notes)]
+    )
+
+
+def _diagnose_short(run: RunRecord) -> str:
+    sizes = run.server.offload
+    if sizes and sizes.get("tier_tokens", 0) < sizes.get("working_set_tokens", 0):
+        return (
+            f"the CPU tier holds {sizes['tier_tokens']:,} tokens, less than the working set of "
+            f"{sizes['working_set_tokens']:,}: it evicted prefixes before they were asked for again"
+        )
+    return (
+        "blocks the GPU cache evicted were neither in the tier nor computed into it in time: check the "
+        "server log for offload errors and the tier size (--apc-offload-tier-gib)"
+    )
+
+
+def tier_pays_off(pair: Pair) -> Verdict:
+    """O vs N (the same small GPU cache without a tier): the tier hit more, and median TTFT improved
+    significantly (the bootstrap interval of N/O lies above 1)."""
+    without, with_tier = pair.off, pair.on
+    hits_without = sum(tier_hits(d) or 0 for _, d in without.require_counters()) / len(without.repeats)
+    hits_with = sum(tier_hits(d) or 0 for _, d in with_tier.require_counters()) / len(with_tier.repeats)
+    gain = pair.ttft_speedup()
+    problems = []
+    if hits_with <= hits_without:
+        problems.append(f"the tier did not add hits: {hits_with:,.0f} with it, {hits_without:,.0f} without")
+    if gain.low <= 1.0:
+        problems.append("the TTFT gain is not significant: its interval reaches 1.0")
+    message = (
+        f"{pair.id}: hits per repeat {hits_without:,.0f} without the tier -> {hits_with:,.0f} with it; median TTFT "
+        f"{without.median_ms():,.1f} -> {with_tier.median_ms():,.1f} ms, gain {gain.estimate:.2f}x [{gain.low:.2f}, "
+        f"{gain.high:.2f}] ({gain.confidence:.0%} CI)"
+    )
+    if problems:
+        message += "\n" + "\n".join(f"- {p}" for p in problems)
+    numbers = {
+        "hits_without_tier": hits_without, "hits_with_tier": hits_with,
+        "median_ttft_without_ms": without.median_ms(), "median_ttft_with_ms": with_tier.median_ms(),
+        "ttft_speedup": gain.estimate, "ttft_speedup_low": gain.low, "ttft_speedup_high": gain.high,
+        "confidence": gain.confidence,
+    }  # fmt: skip
+    return Verdict("tier_pays_off", [without.key.id, with_tier.key.id], not problems, message, numbers)
+
+
+def eviction_predicted(run: RunRecord) -> Verdict:
+    """At concurrency 1 the GPU cache's own hits equal a replay of vLLM's block pool over the requests as
+    sent (eviction.py), within one block per request: where a group returns after others evicted its
+    prefix from the tail, it hits the head that is left."""
+    if run.local_hits_predicted is None:
+        raise MeasurementError(
+            f"cannot replay the block pool for run {run.key.id}: the benchmark did not report each request's "
+            "prefix group and prompt length, or the server its GPU blocks"
+        )
+    predicted, block = run.local_hits_predicted, run.block_size or 16
+    window = run.workload.num_prompts * block
+    lines: list[str] = []
+    problems: list[str] = []
+    per_repeat: list[dict[str, Any]] = []
+    failed: list[bool] = []
+    for _, local, _, _ in _sources(run):
+        off = local - predicted
+        bad = abs(off) > window
+        lines.append(
+            f"{run.key.id}: GPU-cache hits {local:,}, replay of vLLM's block pool {predicted:,} ({off:+,}; within "
+            f"+/- {window:,}, one block per request); {run.server.num_gpu_blocks:,} GPU blocks, "
+            f"{run.workload.prefix_groups} prefix groups of {run.prediction.group_tokens if run.prediction else 0:,} "
+            "tokens"
+        )
+        if bad:
+            problems.append(
+                f"the GPU cache hit {off:+,} tokens against the replay: its eviction is not the LRU order "
+                "predicted (free blocks reused least recently freed first, a request's blocks freed tail first)"
+            )
+        per_repeat.append({"local_hits": local, "predicted": predicted, "difference": off})
+        failed.append(bad)
+    return Verdict(
+        "eviction_predicted",
+        [run.key.id],
+        not problems,
+        _message(lines, problems, run),
+        _repeat_numbers(per_repeat, failed),
+    )
