@@ -8,9 +8,15 @@ vLLM's pool (``vllm/v1/core/block_pool.py``), as far as hits depend on it:
   still holds a cached block, that block is evicted then.
 * A request's hit is the longest run of its full prompt blocks, from the first, that are cached (at most
   ``prompt - 1`` tokens: the last one is always computed). Hit blocks in the free queue leave it.
-* When a request finishes its blocks go back to the end of the queue **in reverse order** (its last block
-  first), so a prefix is evicted from its tail: a group that returns later still hits its head.
+* When a request finishes its blocks are freed **in reverse order** (its last block first): the cached
+  ones go to the end of the queue, so a prefix is evicted from its tail and a group that returns later
+  still hits its head; a block that caches nothing (the last, partial one) goes to the front, to be reused
+  before any cached block is evicted.
 * A block is cached once full: the prompt's full blocks, and the output's as decoding fills them.
+
+Checked against one H200 (vLLM 0.26.0, 8B shape, 3,000 GPU blocks, 4 groups of 32K, 28 requests, output
+64): the replay gives the 274,864 local hits measured; without the front-of-queue rule for the partial
+block it is 2 blocks short (tests/test_eviction.py).
 
 Which blocks are the same: those entirely inside the template header (every request), and those entirely
 inside header + prefix of the same prefix group; every other block is a request's own. The request order
@@ -83,6 +89,13 @@ def local_hits(
         for j in range(hit_blocks, tokens // block_size):  # every block it filled is cached
             cached.setdefault(identity(j), []).append(own[j])
             holds[own[j]] = identity(j)
-        for block in reversed(own):
+        # Freed tail first: cached blocks to the end of the queue (least recently used leave first), blocks
+        # that cache nothing (the last, partial one) to its front, to be reused first.
+        uncached = [block for block in reversed(own) if block not in holds]
+        for block in reversed(uncached):
             free[block] = None
+            free.move_to_end(block, last=False)
+        for block in reversed(own):
+            if block in holds:
+                free[block] = None
     return hits

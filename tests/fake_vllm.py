@@ -45,6 +45,12 @@ Fault switches:
     --fake-no-tokenize          POST /tokenize answers 404 (a server without the tokenizer endpoints)
     --fake-external-tier        a KV offload tier: a reset without ?reset_external=true leaves the cached
                                 prefixes in place
+    --num-gpu-blocks-override N (vLLM's flag) the prefix cache holds N - 1 blocks, least recently used
+                                evicted first (a plain LRU, not vLLM's block pool)
+    --kv-offloading-size GIB    (vLLM's flag) a CPU tier that stores every block computed; a lookup
+                                continues there where the GPU cache's chain ends (external_kv_transfer)
+    --fake-tier-survives-reset  the tier is not emptied even by ?reset_external=true (as LMCache's
+                                connectors, which report success and clear nothing)
     --fake-fatal-on-start       after the delay, print what a crashed tensor-parallel worker prints (a
                                 traceback, "WorkerProc hit an exception", a CUDA error) and stay alive without
                                 ever listening, printing a line a second (the API process of a dead engine)
@@ -150,12 +156,18 @@ def chat_tokens(messages: list[Any]) -> list[int]:
 class Engine:
     """Counters and the prefix-cache model; every method takes the lock (the server is threaded)."""
 
-    def __init__(self, prefix_caching: bool, block_size: int, external_tier: bool = False) -> None:
+    def __init__(
+        self, prefix_caching: bool, block_size: int, external_tier: bool = False, gpu_blocks: int = 0,
+        tier_gib: float = 0.0, tier_survives_reset: bool = False,
+    ) -> None:  # fmt: skip
         self.prefix_caching = prefix_caching
         self.block_size = block_size
         self.external_tier = external_tier
+        self.gpu_blocks, self.tier_gib, self.tier_survives_reset = gpu_blocks, tier_gib, tier_survives_reset
         self.lock = threading.Lock()
-        self.blocks: set[int] = set()
+        self.blocks: dict[int, None] = {}  # cached block hashes, least recently used first
+        self.tier: set[int] = set()
+        self.external = 0
         self.queries = self.hits = self.prompt_tokens = self.generation_tokens = 0
         self.by_source = dict.fromkeys(SOURCES, 0)
         self.finished = dict.fromkeys(FINISH_REASONS, 0)
@@ -177,16 +189,28 @@ class Engine:
             for start in range(0, n - n % bs, bs):
                 h = hash((h, tuple(tokens[start : start + bs])))
                 hashes.append(h)
+            limit = max(n - 1, 0) // bs
             hit_blocks = 0
-            while hit_blocks < len(hashes) and hashes[hit_blocks] in self.blocks:
+            while hit_blocks < min(len(hashes), limit) and hashes[hit_blocks] in self.blocks:
                 hit_blocks += 1
-            hit = min(hit_blocks, max(n - 1, 0) // bs) * bs
-            self.blocks.update(hashes)
+            loaded = hit_blocks
+            while loaded < min(len(hashes), limit) and hashes[loaded] in self.tier:
+                loaded += 1
+            hit, external = hit_blocks * bs, (loaded - hit_blocks) * bs
+            for h in hashes:  # used now: most recently used
+                self.blocks.pop(h, None)
+                self.blocks[h] = None
+            if self.tier_gib:  # the tier stores every block computed (vLLM's offloading connector does)
+                self.tier.update(hashes)
+            while self.gpu_blocks and len(self.blocks) > self.gpu_blocks - 1:
+                del self.blocks[next(iter(self.blocks))]
             self.queries += n
             self.hits += hit
+            self.external += external
             self.by_source["local_cache_hit"] += hit
-            self.by_source["local_compute"] += n - hit
-            return hit
+            self.by_source["external_kv_transfer"] += external
+            self.by_source["local_compute"] += n - hit - external
+            return hit + external
 
     def finish(self, prompt_len: int, completion_tokens: int, reason: str = "length") -> None:
         with self.lock:
@@ -200,13 +224,17 @@ class Engine:
         with self.lock:
             if external or not self.external_tier:
                 self.blocks.clear()
+            if external and not self.tier_survives_reset:
+                self.tier.clear()
 
     def metrics(self, name: str, report_caching: bool, prefix_metrics: bool, request_counter: bool = True) -> str:
         """Render Prometheus text format 0.0.4, the way prometheus_client does for vLLM."""
         lab, bs = f'engine="0",model_name="{name}"', self.block_size
         info = (
             f'block_size="{bs}",enable_prefix_caching="{report_caching}",engine="0",'
-            f'num_gpu_blocks="{KV_CACHE_TOKENS // bs}",kv_cache_size_tokens="{KV_CACHE_TOKENS}",'
+            f'num_gpu_blocks="{self.gpu_blocks or KV_CACHE_TOKENS // bs}",'
+            f'kv_cache_size_tokens="{(self.gpu_blocks * bs) or KV_CACHE_TOKENS}",'
+            f'kv_offloading_size="{self.tier_gib or None}",'
             'prefix_caching_hash_algo="sha256",gpu_memory_utilization="0.9"'
         )
         with self.lock:
@@ -223,7 +251,7 @@ class Engine:
                 "prompt_tokens_total": [(lab, self.prompt_tokens)],
                 "prompt_tokens_by_source_total": by_source,
                 "generation_tokens_total": [(lab, self.generation_tokens)],
-                "external_prefix_cache_hits_total": [(lab, 0)],  # vLLM exports it with or without a connector
+                "external_prefix_cache_hits_total": [(lab, self.external)],  # with or without a connector
                 "request_success_total": finished,
             }
         out: list[str] = []
@@ -479,6 +507,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-gpu-blocks-override", type=int, default=0)
+    p.add_argument("--kv-offloading-size", type=float, default=0.0)
     p.add_argument("--fake-startup-delay", type=float, default=0.2)
     p.add_argument("--fake-die-after-requests", type=int, default=None)
     p.add_argument("--fake-fail-every", type=int, default=None)
@@ -491,7 +521,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.add_argument(f"--fake-{switch}", action="store_true")
     for switch in ("no-prefix-metrics", "wrong-mode", "ignore-sigterm", "log-noise", "no-tokenize", "external-tier"):
         p.add_argument(f"--fake-{switch}", action="store_true")
-    for switch in ("fatal-on-start", "no-cache-config", "no-request-counter", "model-tokenizer"):
+    for switch in ("fatal-on-start", "no-cache-config", "no-request-counter", "model-tokenizer", "tier-survives-reset"):
         p.add_argument(f"--fake-{switch}", action="store_true")
     p.add_argument("--fake-if-log", action="append", default=[], metavar="'TEXT ARGS'")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -582,7 +612,10 @@ def main(argv: list[str] | None = None) -> int:
         f"(EngineCore pid={PID}) INFO [kv_cache_utils.py:1] CPU KV cache size: {KV_CACHE_TOKENS:,} tokens, "
         f"Maximum concurrency for {args.max_model_len:,} tokens per request: {per_request:.2f}x"
     )
-    engine = Engine(args.enable_prefix_caching, args.block_size, args.fake_external_tier)
+    engine = Engine(
+        args.enable_prefix_caching, args.block_size, args.fake_external_tier, args.num_gpu_blocks_override,
+        args.kv_offloading_size, args.fake_tier_survives_reset,
+    )  # fmt: skip
     server = FakeServer((args.host, args.port), args, engine)
     log(f"INFO Starting vLLM server on http://{args.host}:{server.server_address[1]}")
     log("INFO:     Application startup complete.")

@@ -1,0 +1,217 @@
+"""The offload case: sizes from the model's KV bytes per token, the verdicts on both tiers, and vLLM's
+re-queue over-count named rather than blamed on APC. Records are built by hand (vLLM's CPU build has no
+offload tier); the H200 run is in docs/results/h200-offload."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pytest_apc import offload, tiers, verdict
+from pytest_apc.cases import OFFLOAD_TIER, SMALL_CACHE, RunKey, ServerMode, Workload, predict
+from pytest_apc.metrics import Delta
+from pytest_apc.records import MeasurementError, Repeat, RunRecord, ServerInfo
+from tests.conftest import FAKE_VLLM
+
+LLAMA_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "hidden_size": 4096, "torch_dtype": "bfloat16"}  # fmt: skip
+WORKLOAD = Workload("offload", 32768, 1024, 64, 28, 0, 4)
+HEADER, TOKENS = 26, 947_023
+
+
+def test_kv_bytes_per_token_follow_the_config_and_the_kv_dtype() -> None:
+    assert offload.kv_bytes_per_token(LLAMA_8B) == 2 * 32 * 8 * 128 * 2 == 131_072  # 128 KiB
+    assert offload.kv_bytes_per_token(LLAMA_8B, ("--kv-cache-dtype", "fp8_e4m3")) == 65_536
+    assert offload.kv_bytes_per_token({**LLAMA_8B, "torch_dtype": "float32"}) == 262_144
+    assert offload.kv_bytes_per_token({**LLAMA_8B, "torch_dtype": "float32"}, ("--dtype=bfloat16",)) == 131_072
+    mla = {"num_hidden_layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"}
+    assert offload.kv_bytes_per_token(mla) == 61 * 576 * 2
+    with pytest.raises(offload.OffloadSizeError, match="num_hidden_layers"):
+        offload.kv_bytes_per_token({"hidden_size": 4096})
+
+
+def test_sizes_hold_one_request_on_the_gpu_and_the_working_set_in_the_tier() -> None:
+    sizes = offload.sizes(WORKLOAD, LLAMA_8B, (), 256)
+    assert sizes.request_blocks == -(-(256 + 33_792 + 64) // 16) == 2132
+    assert sizes.gpu_blocks == 3198  # 1.5 requests: one fits, two groups do not
+    assert sizes.gpu_blocks * 16 < 2 * (256 + 32_768)
+    # Every group's prefix and every request's own blocks, 1.5 times, in whole GiB.
+    assert sizes.working_set_tokens == 4 * (256 + 32_768) + 28 * 1104
+    assert sizes.tier_gib == 30.0
+    assert sizes.tier_tokens >= sizes.working_set_tokens
+    assert sizes.warnings(tier=True) == []
+    assert sizes.server_args(ServerMode(True, cache=SMALL_CACHE)) == ("--num-gpu-blocks-override", "3198")
+    assert sizes.server_args(ServerMode(True, cache=OFFLOAD_TIER)) == (
+        "--num-gpu-blocks-override", "3198", "--kv-offloading-size", "30",
+    )  # fmt: skip
+
+
+def test_a_tier_too_small_is_a_warning_that_states_the_tokens_short() -> None:
+    sizes = offload.sizes(WORKLOAD, LLAMA_8B, (), 256, tier_gib=16)
+    (warning,) = sizes.warnings(tier=True)
+    short = sizes.working_set_tokens - 16 * 2**30 // 131_072
+    assert f"holds {16 * 2**30 // 131_072:,} tokens" in warning
+    assert f"{short:,} short" in warning
+    assert sizes.warnings(tier=False) == []  # the server without a tier has nothing to be short of
+    roomy = offload.sizes(WORKLOAD, LLAMA_8B, (), 256, gpu_blocks=20_000)
+    assert any("holds the whole working set" in w for w in roomy.warnings(tier=False))
+
+
+RESET = "POST /reset_prefix_cache?reset_external=true -> HTTP 200"
+
+
+def run(
+    case: str, concurrency: int, local: int, tier: int, *, queries: int = 0, ttft_ms: float = 300.0, reset: str = RESET
+) -> RunRecord:
+    computed = TOKENS - local - tier
+    d = Delta(queries or TOKENS, local, TOKENS, computed, local, tier, 0, {})
+    rng = np.random.default_rng(concurrency + ord(case))
+    bench = {"completed": 28, "failed": 0, "total_input_tokens": TOKENS, "duration": 10.0, "median_ttft_ms": ttft_ms,
+             "ttfts": list(rng.normal(ttft_ms, ttft_ms * 0.05, 28) / 1000)}  # fmt: skip
+    mode = ServerMode(True, cache=OFFLOAD_TIER if case == "O" else SMALL_CACHE)
+    info = ServerInfo(mode.name, [], "", "/tmp/x.log", block_size=16, num_gpu_blocks=3000,
+                      offload=offload.sizes(WORKLOAD, LLAMA_8B, (), 256).as_dict())  # fmt: skip
+    record = RunRecord(
+        RunKey(case, concurrency),
+        WORKLOAD,
+        info,
+        [Repeat(bench, d, None, reset, "r.json", "cmd")],
+        HEADER,
+        1.0,
+    )
+    record.prediction = predict(WORKLOAD, HEADER, 16, TOKENS)
+    return record
+
+
+def test_hits_across_tiers_are_one_servers_prediction() -> None:
+    expected = 24 * 32_784 + 3 * 16
+    assert predict(WORKLOAD, HEADER, 16, TOKENS).expected_hits == expected == 786_864
+    good = tiers.hits_across_tiers(run("O", 1, 274_864, expected - 274_864))
+    assert good.passed, good.message
+    assert "786,864 = 274,864 from the GPU cache + 512,000 from the CPU tier" in good.message
+
+
+def test_no_tier_hits_fail_naming_the_tier() -> None:
+    result = tiers.hits_across_tiers(run("O", 1, 274_864, 0))
+    assert not result.passed
+    assert "the CPU tier served nothing" in result.message
+    assert "short of the prediction" in result.message
+
+
+def test_a_tier_that_survived_the_reset_is_named() -> None:
+    # Every group's first request hit the tier too: 4 more prefixes than a cold server.
+    warm = 786_864 + 4 * 32_784 - 3 * 16
+    result = tiers.hits_across_tiers(run("O", 8, 288_928, warm - 288_928, reset="POST /reset_prefix_cache -> 200"))
+    assert not result.passed
+    assert "prefixes survived the reset" in result.message
+    assert "LMCache" in result.message
+
+
+def test_a_tier_too_small_explains_hits_short() -> None:
+    short = run("O", 1, 274_864, 456_560)
+    short.server.offload = offload.sizes(WORKLOAD, LLAMA_8B, (), 256, tier_gib=16).as_dict()
+    result = tiers.hits_across_tiers(short)
+    assert not result.passed
+    assert "less than the working set" in result.message
+
+
+def test_the_tier_pays_off_when_it_hits_more_and_ttft_falls(pytester: pytest.Pytester) -> None:
+    from pytest_apc import config
+
+    s = config.resolve(pytester.parseconfig("--cpu-node"), environ={})
+    without, with_tier = run("N", 1, 274_864, 0, ttft_ms=1309.0), run("O", 1, 274_864, 512_000, ttft_ms=280.0)
+    result = tiers.tier_pays_off(verdict.Pair(without, with_tier, s))
+    assert result.passed, result.message
+    same = tiers.tier_pays_off(verdict.Pair(without, run("O", 1, 274_864, 0, ttft_ms=1309.0), s))
+    assert not same.passed
+    assert "the tier did not add hits" in same.message
+    assert "not significant" in same.message
+
+
+def test_eviction_is_judged_exactly_against_the_replay() -> None:
+    record = run("N", 1, 274_864, 0)
+    record.local_hits_predicted = 274_864
+    assert tiers.eviction_predicted(record).passed
+    record.local_hits_predicted = 274_848
+    result = tiers.eviction_predicted(record)
+    assert not result.passed
+    assert "+16" in result.message
+    record.local_hits_predicted = None
+    with pytest.raises(MeasurementError, match="cannot replay the block pool"):
+        tiers.eviction_predicted(record)
+
+
+def test_tiers_cannot_be_told_apart_without_the_by_source_counters() -> None:
+    record = run("O", 1, 274_864, 512_000)
+    d = record.repeats[0].delta
+    assert d is not None
+    record.repeats[0] = Repeat(
+        record.bench, Delta(TOKENS, 274_864, TOKENS, None, None, None, 0, {}), None, None, "r", "c"
+    )
+    with pytest.raises(MeasurementError, match="prompt_tokens_by_source"):
+        tiers.hits_across_tiers(record)
+
+
+def test_the_re_queue_over_count_is_named_not_blamed_on_apc() -> None:
+    # O-c8 on the H200: queries and hits counted every retry of a waiting request.
+    over = Delta(54_453_903, 9_256_048, TOKENS, 160_159, 288_928, 497_936, 0, {})
+    note = verdict.overcount(over, TOKENS)
+    assert note is not None
+    assert "43736" in note
+    assert "not APC misbehaving" in note
+    assert verdict.overcount(Delta(TOKENS, 1, TOKENS, TOKENS - 1, 1, 0, 0, {}), TOKENS) is None
+    # Without the by-source counters nothing shows the prompts were counted right: no excuse.
+    assert verdict.overcount(Delta(54_453_903, 9_256_048, TOKENS, None, None, None, 0, {}), TOKENS) is None
+    record = run("O", 8, 288_928, 497_936, queries=54_453_903)
+    result = tiers.hits_across_tiers(record)
+    assert result.passed, result.message
+    assert "note: prefix-cache queries 54,453,903" in result.message
+
+
+# -- the whole offload case against fake servers with a bounded GPU cache and a tier ---------------------
+
+OFFLOAD_SUITE = Path(__file__).parent.parent / "tests_apc" / "test_offload.py"
+
+
+def offload_run(pytester: pytest.Pytester, *extra: str) -> tuple[pytest.RunResult, dict]:
+    pytester.makepyfile(test_offload=OFFLOAD_SUITE.read_text())
+    # A subprocess: the generated model's tokenizer imports torch, which cannot be imported twice in one process.
+    result = pytester.runpytest_subprocess(
+        "--gpu-node", "--apc-model-shape=llama-3.1-8b",
+        f"--apc-server-command={{python}} {FAKE_VLLM}", "--apc-server-arg=--fake-model-tokenizer",
+        "--apc-num-prompts=8", "--apc-length-scale=0.02", "--apc-startup-timeout=20", "--apc-stop-timeout=3",
+        "--apc-results-dir=res", "-p", "no:randomly", "-k", "not tier_pays_off", *extra,
+    )  # fmt: skip
+    (path,) = Path(pytester.path, "res").glob("*/results.json")
+    return result, json.loads(path.read_text())
+
+
+def test_hits_across_tiers_through_fake_servers(pytester: pytest.Pytester) -> None:
+    """The plugin launches both servers with the sizes it derives, and the accounting holds end to end; the
+    fake's GPU cache is a plain LRU, not vLLM's block pool, and the eviction verdict says so."""
+    result, doc = offload_run(pytester)
+    result.assert_outcomes(passed=2, failed=2, deselected=2)
+    result.stdout.fnmatch_lines(["*N-c1: GPU-cache hits*replay of vLLM's block pool*", "*not the LRU order replayed*"])
+    servers = {s["mode"]: s for s in doc["servers"]}
+    tier, small = servers["apc-on-offload-tier"], servers["apc-on-small-cache"]
+    blocks = str(tier["offload"]["gpu_blocks"])
+    assert tier["command"][tier["command"].index("--num-gpu-blocks-override") + 1] == blocks
+    assert "--kv-offloading-size" in tier["command"]
+    assert "--kv-offloading-size" not in small["command"]
+    runs = {r["id"]: r for r in doc["runs"]}
+    assert runs["O-c1"]["external_tokens"] > 0
+    assert runs["O-c1"]["hits_all_tiers"] == runs["O-c1"]["prediction"]["expected_hits"]
+    assert runs["N-c1"]["external_tokens"] == 0
+    assert runs["N-c1"]["hits_all_tiers"] < runs["O-c1"]["hits_all_tiers"]  # the small cache evicted
+
+
+def test_a_tier_that_keeps_its_prefixes_through_the_reset_fails_by_name(pytester: pytest.Pytester) -> None:
+    result, _ = offload_run(
+        pytester, "--apc-server-arg=--fake-tier-survives-reset", "--apc-offload-tier-gib=0.001", "-k", "across_tiers"
+    )
+    result.assert_outcomes(passed=1, failed=1, deselected=4)  # O-c1 ran first, on a tier nothing had filled yet
+    result.stdout.fnmatch_lines(["*hits * exceed the prediction by *", "*diagnosis: prefixes survived the reset*"])
+    result.stdout.fnmatch_lines(["*the CPU tier of 0.001 GiB holds * tokens*short of the working set*"])
