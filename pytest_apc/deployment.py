@@ -35,6 +35,7 @@ from pytest_apc.cases import (
     EXTERNAL_FLEET,
     FAMILY_MARKERS,
     ServerMode,
+    Workload,
     ceil_div,
     longest_request_tokens,
     workload_for,
@@ -136,9 +137,11 @@ def deployment_for(
             raise ServerError(
                 f"{err}; give the sizes instead (--apc-offload-gpu-blocks and --apc-offload-tier-gib)"
             ) from err
+        # vLLM refuses a GPU cache smaller than one request of --max-model-len: the offload case's own length.
         server = launched_server(
-            mode, settings, model, how, tensor_parallel=tensor_parallel_size(settings), extra=sized.server_args(mode)
-        )
+            mode, settings, model, how, tensor_parallel=tensor_parallel_size(settings), extra=sized.server_args(mode),
+            model_len=room_for(workload_for("offload", settings)),
+        )  # fmt: skip
         server.info.offload = sized.as_dict()
         return server
     if mode.fleet == EXTERNAL_FLEET:
@@ -184,6 +187,7 @@ def launched_server(
     tensor_parallel: int,
     extra: tuple[str, ...] = (),
     env_extra: dict[str, str] | None = None,
+    model_len: int = 0,
 ) -> LaunchedServer:
     """One vLLM server of ``mode`` that pytest-apc starts (alone, as a data-parallel server or a replica)."""
     env = {**server_env(settings.profile or "", settings.api_key), **(env_extra or {})}
@@ -196,7 +200,7 @@ def launched_server(
             host=settings.host,
             port=port,
             mode=mode,
-            max_model_len=max_model_len(settings),
+            max_model_len=model_len or max_model_len(settings),
             tensor_parallel_size=tensor_parallel,
             extra=(("--load-format", "dummy") if settings.model_shape else ()) + extra + tuple(settings.server_arg),
             launcher=settings.launcher,
@@ -306,6 +310,12 @@ def max_model_len(settings: Settings) -> int:
     if settings.max_model_len:
         return settings.max_model_len
     return ceil_div(longest_request_tokens(settings) + TEMPLATE_HEADROOM, TEMPLATE_HEADROOM) * TEMPLATE_HEADROOM
+
+
+def room_for(workload: Workload) -> int:
+    """--max-model-len for one workload's requests and the chat template, in steps of the headroom."""
+    tokens = workload.prompt_len + workload.output_len + TEMPLATE_HEADROOM
+    return ceil_div(tokens, TEMPLATE_HEADROOM) * TEMPLATE_HEADROOM
 
 
 def server_python(settings: Settings) -> str:
