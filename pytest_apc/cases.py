@@ -61,12 +61,17 @@ CASE_PURPOSE = {
     "N": "small GPU cache, no tier: evicted prefixes recomputed",
     "O": "small GPU cache + CPU offload tier",
 }
-# Routes of the fleet case that are not router policies.
 # The offload case's servers: a GPU cache too small for the working set, without and with a CPU tier.
 SMALL_CACHE = "small-cache"
 OFFLOAD_TIER = "offload-tier"
+# Routes of the fleet case: vllm-router's policies (one launched fleet serves them all), and two that are not.
+ROUTER_POLICIES = (
+    "round_robin", "random", "cache_aware", "consistent_hash", "power_of_two", "sticky_least_loaded", "kv_aware",
+)  # fmt: skip
 DATA_PARALLEL = "dp"  # one vLLM server with --data-parallel-size: its own balancer
-EXTERNAL_FLEET = "external"  # a router or gateway run elsewhere (--apc-fleet-url)
+# A router or gateway run elsewhere (--apc-fleet-url): the default of its route label (--apc-route-label). Any
+# route that is neither a router policy nor DATA_PARALLEL is an external fleet's label.
+EXTERNAL_FLEET = "external"
 
 
 @dataclass(frozen=True)
@@ -164,7 +169,7 @@ class RunKey:
     case: str
     concurrency: int
     hash_algo: str = ""  # "" = the server's default
-    route: str = ""  # fleet case only: a router policy, DATA_PARALLEL or EXTERNAL_FLEET
+    route: str = ""  # fleet case only: a router policy, DATA_PARALLEL or an external fleet's label
 
     @property
     def apc(self) -> bool:
@@ -181,7 +186,10 @@ class RunKey:
             return ServerMode(True, cache=OFFLOAD_TIER if self.case == "O" else SMALL_CACHE)
         if not self.route:
             return ServerMode(self.apc, self.hash_algo)
-        fleet = self.route if self.route in (DATA_PARALLEL, EXTERNAL_FLEET) else "router"
+        if self.route in ROUTER_POLICIES:
+            fleet = "router"
+        else:
+            fleet = DATA_PARALLEL if self.route == DATA_PARALLEL else EXTERNAL_FLEET
         return ServerMode(self.apc, self.hash_algo, fleet)
 
     @property
@@ -191,7 +199,7 @@ class RunKey:
 
     @classmethod
     def parse(cls, text: str) -> RunKey:
-        """``"D-c8"``, ``"D-c8-xxhash"`` or (fleet) ``"R-c4-round_robin"`` -> RunKey."""
+        """``"D-c8"``, ``"D-c8-xxhash"`` or (fleet) ``"R-c4-round_robin"``, ``"R-c8-<route label>"`` -> RunKey."""
         parts = text.split("-", 2)
         if len(parts) < 2 or parts[0] not in CASE_APC or not parts[1].startswith("c"):
             raise ValueError(f"not a run id: {text!r} (expected e.g. 'D-c8')")

@@ -13,6 +13,7 @@ are the declarations: the table of :class:`Spec` that options, resolution and do
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -21,7 +22,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import pytest
 
-from pytest_apc.cases import longest_request_tokens
+from pytest_apc.cases import DATA_PARALLEL, EXTERNAL_FLEET, ROUTER_POLICIES, longest_request_tokens
 
 PROFILES = ("gpu", "cpu")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
@@ -89,14 +90,19 @@ def _names(what: str, choices: Sequence[str]) -> Callable[[str], tuple[str, ...]
 _hash_algos = _names("hash algorithm", HASH_ALGOS)
 
 
-ROUTER_POLICIES = (
-    "round_robin", "random", "cache_aware", "consistent_hash", "power_of_two", "sticky_least_loaded", "kv_aware",
-)  # fmt: skip
-
-
 def _router_policies(text: str) -> tuple[str, ...]:
     """Each policy once (one run per policy), in the order given."""
     return tuple(dict.fromkeys(_names("vllm-router policy", ROUTER_POLICIES)(text)))
+
+
+def _route_label(text: str) -> str:
+    """An external fleet's route: a word of the run id (R-c8-<label>) that no other route has."""
+    if not re.fullmatch(r"[a-z0-9_]{1,40}", text):
+        raise ValueError("must be 1 to 40 lower-case letters, digits or _ (it becomes part of the run id)")
+    if text in ROUTER_POLICIES or text == DATA_PARALLEL:
+        other = "vLLM's data-parallel route" if text == DATA_PARALLEL else "a vllm-router policy"
+        raise ValueError(f"is the route of {other}, so run ids and baselines could not tell them apart")
+    return text
 
 
 def _profile(text: str) -> str:
@@ -547,6 +553,37 @@ class Settings:
         "URL",
         repeatable=True,
     )
+    route_label: str = setting(
+        _route_label,
+        EXTERNAL_FLEET,
+        (
+            "Fleet tests with --apc-fleet-url: the external fleet's route, named in its run id (R-c8-NAME), the "
+            "results and the reports, e.g. the gateway's name: 1 to 40 lower-case letters, digits or _, neither "
+            "a vllm-router policy nor dp"
+        ),
+        "NAME",
+    )
+    fleet_promise: str = setting(
+        _one_of("spread", "affinity", "none"),
+        "none",
+        (
+            "Fleet tests with --apc-fleet-url: what the gateway promises, which prefix_locality holds every repeat "
+            "to: spread (no replica left idle: every --apc-metrics-url replica serves at least one request), "
+            "affinity (every prefix group on one replica: the cold prefills C equal the prefix groups G), or "
+            "none (reported only)"
+        ),
+        "spread|affinity|none",
+    )
+    max_routing_cost: float | None = setting(
+        number(float, low=0, high=100),
+        None,
+        (
+            "Fleet tests: the most routing cost (extra prefill tokens, in percent of what APC saves on one "
+            "server) a repeat of any fleet run may show, on every route (router policies, dp, an external "
+            "fleet); prefix_locality fails above it. Unset: reported only"
+        ),
+        "PERCENT",
+    )
 
     offload_groups: int = setting(
         number(int, low=2),
@@ -767,6 +804,13 @@ def _check_fleet(settings: Settings) -> None:
         raise invalid("metrics_url", "replica URLs are only read for a fleet given by --apc-fleet-url")
     if settings.offload_groups > settings.num_prompts:
         raise invalid("offload_groups", f"more prefix groups than apc_num_prompts {settings.num_prompts}")
+    if settings.route_label != EXTERNAL_FLEET and not settings.fleet_url:
+        raise invalid("route_label", "it names the route of a fleet given by --apc-fleet-url, and none is given")
+    if settings.fleet_promise != "none" and not settings.fleet_url:
+        raise invalid(
+            "fleet_promise",
+            "it is what a gateway given by --apc-fleet-url promises; the router policies' promises are their own",
+        )
     if settings.data_parallel_size == 1:
         raise invalid("data_parallel_size", "one rank is not data parallel (0 skips it, 2 or more measures it)")
 

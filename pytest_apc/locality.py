@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_apc.cases import DATA_PARALLEL, EXTERNAL_FLEET, Prediction
+from pytest_apc.cases import DATA_PARALLEL, EXTERNAL_FLEET, Prediction, RunKey
 from pytest_apc.metrics import Delta
 from pytest_apc.records import MeasurementError, Repeat, RunRecord
 
@@ -22,10 +22,16 @@ PROMISES = {
     "round_robin": "requests spread evenly: replicas differ by at most one request",
     "consistent_hash": "one routing key, one replica: every request of the run on the same replica",
 }
+# What a gateway run elsewhere may promise (--apc-fleet-promise): the two outcomes above, loosened to hold
+# for a gateway that balances by load (spread) or routes by prefix or session with many groups (affinity).
+GATEWAY_PROMISES = {
+    "spread": "requests spread over the replicas: no replica left idle (each serves at least one request)",
+    "affinity": "every prefix group on one replica: cold prefills C = prefix groups G",
+}
 NO_PROMISE = {
     "cache_aware": "routes to the replica whose cache matches best unless load is imbalanced (no fixed outcome)",
     DATA_PARALLEL: "vLLM's data-parallel balancer routes by load (no fixed outcome)",
-    EXTERNAL_FLEET: "routed by the external router or gateway (no fixed outcome)",
+    EXTERNAL_FLEET: "routed by the external router or gateway, no promise declared (no fixed outcome)",
 }
 
 
@@ -145,11 +151,67 @@ def _count(run_id: str, name: str, d: Delta, p: Prediction) -> ReplicaCount:
     return ReplicaCount(name, d.requests, queries, hits, cold, unexplained)
 
 
-def promise_problems(locality: Locality) -> list[str]:
-    """What the route promised and the counters contradict; [] when kept or when it promises nothing."""
+def held_to(key: RunKey, gateway_promise: str) -> str:
+    """The promise a fleet run is held to: its router policy's (a key of PROMISES), or for an external fleet
+    the gateway's --apc-fleet-promise (a key of GATEWAY_PROMISES); "" for none."""
+    if key.mode.fleet == EXTERNAL_FLEET:
+        return "" if gateway_promise == "none" else gateway_promise
+    return key.route if key.route in PROMISES else ""
+
+
+def promise_text(key: RunKey, promise: str) -> str:
+    """What ``promise`` (from ``held_to``) says, or why the route has none."""
+    if promise in GATEWAY_PROMISES:
+        return f"{promise} (--apc-fleet-promise): {GATEWAY_PROMISES[promise]}"
+    if promise:
+        return PROMISES[promise]
+    if key.mode.fleet == EXTERNAL_FLEET:
+        return NO_PROMISE[EXTERNAL_FLEET]
+    return NO_PROMISE.get(key.route, "no fixed outcome")
+
+
+def promise_problems(locality: Locality, promise: str) -> list[str]:
+    """What ``promise`` (from ``held_to``) said and the counters contradict; [] when kept or when "" (none)."""
     counts = [r.requests for r in locality.replicas]
-    if locality.route == "round_robin" and max(counts) - min(counts) > 1:
+    served = ", ".join(f"{r.name} {r.requests}" for r in locality.replicas)
+    if promise == "round_robin" and max(counts) - min(counts) > 1:
         return [f"round_robin must spread requests evenly, but the replicas served {counts}"]
-    if locality.route == "consistent_hash" and sum(1 for c in counts if c) > 1:
+    if promise == "consistent_hash" and sum(1 for c in counts if c) > 1:
         return [f"consistent_hash with one routing key must use one replica, but requests spread as {counts}"]
+    if promise == "spread":
+        idle = [r.name for r in locality.replicas if not r.requests]
+        if idle:
+            return [
+                f"spread: no replica may be left idle, but {' and '.join(idle)} served none of the "
+                f"{locality.requests} requests (requests per replica: {served})"
+            ]
+    if promise == "affinity":
+        cold = locality.cold_prefills
+        if cold is None:
+            return ["affinity cannot be checked: the shared prefix spans no block beyond the template header, so "
+                    "cold prefills cannot be told from hits (see fleet_accounting)"]  # fmt: skip
+        if cold > locality.ideal:
+            each = ", ".join(f"{r.name} {r.cold_prefills} ({r.requests} requests)" for r in locality.replicas)
+            return [
+                f"affinity: every prefix group must stay on one replica, but {cold} cold prefills were computed for "
+                f"{locality.ideal} prefix group(s): {cold - locality.ideal} more than one per group, so groups were "
+                f"split across replicas; cold prefills per replica: {each}"
+            ]
+    return []
+
+
+def cost_problems(locality: Locality, max_percent: float | None) -> list[str]:
+    """The routing cost above --apc-max-routing-cost (percent), or untellable while a bound is set."""
+    if max_percent is None:
+        return []
+    cost, extra = locality.routing_cost, locality.extra_prefill_tokens
+    if cost is None or extra is None:
+        return [f"the routing cost cannot be told (no cold prefills or nothing APC saves), so --apc-max-routing-cost "
+                f"{max_percent:g}% cannot be checked"]  # fmt: skip
+    if cost * 100 > max_percent:
+        return [
+            f"routing cost {cost:.2%} is above --apc-max-routing-cost {max_percent:g}%: {extra:,} extra prefill "
+            f"tokens of the {locality.prediction.expected_hits:,} APC saves on one server "
+            f"({locality.cold_prefills} cold prefills for {locality.ideal} prefix group(s))"
+        ]
     return []

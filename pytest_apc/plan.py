@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_apc.cases import CASE_FAMILY, DATA_PARALLEL, EXTERNAL_FLEET, RunKey, ServerMode
+from pytest_apc.cases import CASE_FAMILY, DATA_PARALLEL, RunKey, ServerMode
 from pytest_apc.config import SPEC_BY_NAME, Settings
 
 
@@ -32,7 +32,7 @@ class Plan:
 # Settings only the fleet case reads.
 FLEET_SETTINGS = (
     "replicas", "router_policies", "router_command", "router_arg", "data_parallel_size", "prefix_groups", "fleet_url",
-    "metrics_url",
+    "metrics_url", "route_label", "fleet_promise", "max_routing_cost",
 )  # fmt: skip
 # The baseline gate's settings: the baseline first, then what only matters with one.
 BASELINE_SETTINGS = ("baseline", "baseline_false_alarm", "baseline_repeats")
@@ -139,8 +139,8 @@ def unused_settings(
 
 
 def fleet_routes(settings: Settings) -> tuple[str, ...]:
-    """The routes the fleet tests measure: the external fleet when one is given, else every router policy,
-    and vLLM's data-parallel balancer when --apc-data-parallel-size is set."""
+    """The routes the fleet tests measure: the external fleet when one is given (its --apc-route-label), else
+    every router policy, and vLLM's data-parallel balancer when --apc-data-parallel-size is set."""
     if settings.fleet_url:
-        return (EXTERNAL_FLEET,)
+        return (settings.route_label,)
     return settings.router_policies + ((DATA_PARALLEL,) if settings.data_parallel_size else ())

@@ -508,16 +508,18 @@ def fleet_accounting(run: RunRecord) -> Verdict:
     return Verdict("fleet_accounting", [run.key.id], not problems, message, _repeat_numbers(per_repeat, failed))
 
 
-def prefix_locality(run: RunRecord) -> Verdict:
+def prefix_locality(run: RunRecord, settings: Settings) -> Verdict:
     """Cold prefills C against the ideal G (one per prefix group) and against what the route promises;
     the routing cost as extra prefill tokens and as a share of what APC saves on one replica. Fails when
-    the route broke its promise (round_robin: even spread; consistent_hash with one key: one replica), and
+    the route broke its promise (round_robin: even spread; consistent_hash with one key: one replica; an
+    external fleet: its --apc-fleet-promise), when the routing cost exceeds --apc-max-routing-cost, and
     when the replicas' counters do not hold the benchmark's requests (nothing to tell locality from)."""
     lines: list[str] = []
     problems: list[str] = []
     per_repeat: list[dict[str, Any]] = []
     failed: list[bool] = []
     route = run.key.route
+    promise = locality.held_to(run.key, settings.fleet_promise)
     for repeat in run.repeats:
         known = len(problems)
         found = locality.of_repeat(run, repeat)
@@ -526,7 +528,8 @@ def prefix_locality(run: RunRecord) -> Verdict:
                 f"the replicas finished {found.requests} of the benchmark's {found.num_prompts} requests, so where "
                 "they landed cannot be told (see fleet_accounting)"
             )
-        problems += locality.promise_problems(found)
+        problems += locality.promise_problems(found, promise)
+        problems += locality.cost_problems(found, settings.max_routing_cost)
         cost = found.routing_cost
         lines.append(
             f"{run.key.id}: {found.cold_prefills} cold prefills for {found.ideal} prefix group(s) across "
@@ -540,7 +543,10 @@ def prefix_locality(run: RunRecord) -> Verdict:
         )
         per_repeat.append(found.as_dict())
         failed.append(len(problems) > known)
-    promise = locality.PROMISES.get(route) or locality.NO_PROMISE.get(route, "no fixed outcome")
-    lines.append(f"{route}: {promise}")
+    lines.append(f"{route}: {locality.promise_text(run.key, promise)}")
     message = "\n".join(lines + [f"- {problem}" for problem in dict.fromkeys(problems)])
-    return Verdict("prefix_locality", [run.key.id], not problems, message, _repeat_numbers(per_repeat, failed))
+    numbers = _repeat_numbers(per_repeat, failed) | {
+        "promise": promise or None,
+        "max_routing_cost": settings.max_routing_cost,
+    }
+    return Verdict("prefix_locality", [run.key.id], not problems, message, numbers)

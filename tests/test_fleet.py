@@ -5,6 +5,7 @@ deployment serves which route."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -176,6 +177,14 @@ def test_fleet_run_ids_round_trip(text: str) -> None:
     assert key.apc
 
 
+def test_an_external_fleets_label_is_its_route_and_its_run_id() -> None:
+    """Any route that is neither a router policy nor dp is an external fleet's --apc-route-label."""
+    key = RunKey.parse("R-c8-gke_gateway_2")
+    assert (key.route, key.id) == ("gke_gateway_2", "R-c8-gke_gateway_2")
+    assert key.mode == ServerMode(True, "", "external") == RunKey("R", 8, route=EXTERNAL_FLEET).mode
+    assert key.mode.name == "apc-on-fleet-external"
+
+
 def test_a_fleet_run_id_needs_a_route() -> None:
     assert RunKey.parse("R-c8-round_robin") == RunKey("R", 8, route="round_robin")
     with pytest.raises(ValueError, match="not a fleet run id: 'R-c8'"):
@@ -250,6 +259,48 @@ def test_fleet_routes(pytester: pytest.Pytester) -> None:
         "--apc-data-parallel-size=2",
     )  # fmt: skip
     assert fleet_routes(external) == (EXTERNAL_FLEET,)
+    labelled = resolve(
+        pytester, "--apc-fleet-url=http://gw", "--apc-metrics-url=http://r1", "--apc-metrics-url=http://r2",
+        "--apc-route-label=llm_d",
+    )  # fmt: skip
+    assert fleet_routes(labelled) == ("llm_d",)
+
+
+EXTERNAL = ("--apc-fleet-url=http://gw", "--apc-metrics-url=http://r1", "--apc-metrics-url=http://r2")
+
+
+@pytest.mark.parametrize(
+    ("label", "why"),
+    [
+        ("My-Gateway", "must be 1 to 40 lower-case letters, digits or _ (it becomes part of the run id)"),
+        ("a" * 41, "must be 1 to 40 lower-case letters"),
+        ("round_robin", "is the route of a vllm-router policy, so run ids and baselines could not tell them apart"),
+        ("cache_aware", "is the route of a vllm-router policy"),
+        ("dp", "is the route of vLLM's data-parallel route"),
+    ],
+)
+def test_a_route_label_must_be_a_run_id_word_of_its_own(pytester: pytest.Pytester, label: str, why: str) -> None:
+    with pytest.raises(config.SettingError, match=re.escape(f"Invalid apc_route_label {label!r} from option")) as err:
+        resolve(pytester, *EXTERNAL, f"--apc-route-label={label}")
+    assert why in str(err.value)
+
+
+@pytest.mark.parametrize("given", ["--apc-route-label=gw", "--apc-fleet-promise=affinity"])
+def test_the_external_fleets_label_and_promise_need_an_external_fleet(pytester: pytest.Pytester, given: str) -> None:
+    with pytest.raises(config.SettingError, match="--apc-fleet-url"):
+        resolve(pytester, given)
+    assert resolve(pytester, *EXTERNAL, given)
+
+
+def test_the_routing_cost_bound_is_a_percentage(pytester: pytest.Pytester) -> None:
+    assert resolve(pytester).max_routing_cost is None
+    assert resolve(pytester, "--apc-max-routing-cost=12.5").max_routing_cost == 12.5
+    assert resolve(pytester, env={"PYTEST_APC_MAX_ROUTING_COST": "0"}).max_routing_cost == 0
+    for wrong in ("101", "-1", "nan", "5%"):
+        with pytest.raises(config.SettingError, match="Invalid apc_max_routing_cost"):
+            resolve(pytester, f"--apc-max-routing-cost={wrong}")
+    with pytest.raises(config.SettingError, match="must be spread or affinity or none"):
+        resolve(pytester, *EXTERNAL, "--apc-fleet-promise=sticky")
 
 
 FLEET_SUITE = """

@@ -4,6 +4,7 @@ replica, and nothing is left running."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -11,6 +12,7 @@ import time
 
 import psutil
 import pytest
+import requests
 
 from tests.conftest import FAKE_VLLM, TESTS_APC
 from tests.test_faults import _start_fake
@@ -153,6 +155,95 @@ def test_external_fleet_whose_replicas_did_not_serve_the_requests_fails(tmp_path
         gateway.kill()
         one.kill()
         two.kill()
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    """An external fleet as a deployment elsewhere would be: two fake replicas that tokenize like the
+    benchmark, behind a vllm-router (round_robin) that the test starts itself, with no pytest-apc tag, in a
+    folder of its own. Yields the router's URL and the replicas' --apc-metrics-url options."""
+    import shutil
+    import subprocess
+
+    from pytest_apc.tinymodel import ensure_tiny_model
+
+    model = str(ensure_tiny_model())
+    one, one_url = _start_fake(tmp_path, "--model", model, "--fake-model-tokenizer")
+    two, two_url = _start_fake(tmp_path, "--model", model, "--fake-model-tokenizer")
+    router_dir = tmp_path / "gateway"
+    router_dir.mkdir()
+    port, metrics_port = (int(_free_url().rsplit(":", 1)[1]) for _ in range(2))
+    router = subprocess.Popen(
+        [shutil.which("vllm-router") or "vllm-router", "--worker-urls", one_url, two_url, "--policy", "round_robin",
+         "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(metrics_port)],
+        cwd=router_dir, stdout=(router_dir / "router.log").open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            assert router.poll() is None, (router_dir / "router.log").read_text()
+            assert time.monotonic() < deadline, (router_dir / "router.log").read_text()
+            time.sleep(0.2)
+        yield url, [f"--apc-metrics-url={one_url}", f"--apc-metrics-url={two_url}"]
+    finally:
+        for proc in (router, one, two):
+            proc.kill()
+            proc.wait()
+
+
+# Round robin splits the one prefix group over both replicas: P = 320 (the fake's header of 4 tokens and the
+# prefix of 328, in blocks of 16), Q = 0; 2 cold prefills where 1 would do, and the extra prefill P of the
+# (N - 1) x P = 9,280 tokens APC saves on one server: a routing cost of 1/29 = 3.45 %.
+ROUND_ROBIN_COST = "320 extra prefill tokens of the 9,280 APC saves on one server"
+
+
+def test_an_external_fleet_that_breaks_its_promise_fails_naming_the_replicas(tmp_path, run_inner, gateway) -> None:
+    url, replicas = gateway
+    inner = run_inner(
+        *fleet_args(), f"--apc-fleet-url={url}", *replicas, "--apc-route-label=gke_gw",
+        "--apc-fleet-promise=affinity", "--apc-max-routing-cost=3.5",
+    )  # fmt: skip
+    assert inner.ret == 1, inner.output[-6000:]
+    assert "PASSED test_fleet.py::test_fleet_accounting[R-c8-gke_gw]" in inner.output
+    assert "FAILED test_fleet.py::test_prefix_locality[R-c8-gke_gw]" in inner.output
+    assert (
+        "affinity: every prefix group must stay on one replica, but 2 cold prefills were computed for 1 prefix "
+        "group(s): 1 more than one per group, so groups were split across replicas; cold prefills per replica: "
+        "replica 1 1 (15 requests), replica 2 1 (15 requests)"
+    ) in inner.output
+    assert "above --apc-max-routing-cost" not in inner.output  # 3.45 % is within 3.5 %
+    data = results(tmp_path)
+    (run,) = data["runs"]
+    assert (run["id"], run["route"]) == ("R-c8-gke_gw", "gke_gw")
+    assert "X-Session-ID=pytest-apc-R-c8-gke_gw" in run["bench_command"]
+    assert [(row["id"], row["route"], row["passed"]) for row in data["fleet"]] == [("R-c8-gke_gw", "gke_gw", False)]
+    locality = next(v for v in data["verdicts"] if v["name"] == "prefix_locality")
+    assert (locality["runs"], locality["numbers"]["promise"]) == (["R-c8-gke_gw"], "affinity")
+    assert "gke_gw" in next(tmp_path.glob("apc-results/*/summary.md")).read_text()
+
+
+@pytest.mark.parametrize(("bound", "passes"), [("3.4", False), ("3.5", True)])
+def test_an_external_fleets_routing_cost_is_held_to_its_bound(tmp_path, run_inner, gateway, bound, passes) -> None:
+    """Either side of round robin's measured 3.45 %, with a promise the gateway keeps (spread)."""
+    url, replicas = gateway
+    inner = run_inner(
+        *fleet_args(), f"--apc-fleet-url={url}", *replicas, "--apc-route-label=gke_gw",
+        "--apc-fleet-promise=spread", f"--apc-max-routing-cost={bound}",
+    )  # fmt: skip
+    assert inner.ret == (0 if passes else 1), inner.output[-6000:]
+    outcome = "PASSED" if passes else "FAILED"
+    assert f"{outcome} test_fleet.py::test_prefix_locality[R-c8-gke_gw]" in inner.output
+    assert "PASSED test_fleet.py::test_fleet_accounting[R-c8-gke_gw]" in inner.output
+    assert "spread: no replica may be left idle" not in inner.output
+    above = f"routing cost 3.45% is above --apc-max-routing-cost {bound}%: {ROUND_ROBIN_COST}"
+    assert (above in inner.output) is not passes
+    locality = next(v for v in results(tmp_path)["verdicts"] if v["name"] == "prefix_locality")
+    assert locality["numbers"]["routing_cost"] == pytest.approx(1 / 29)
+    assert locality["numbers"]["max_routing_cost"] == float(bound)
 
 
 def test_fleet_behind_vllm_router_is_accounted_replica_by_replica(tmp_path, run_inner) -> None:

@@ -38,20 +38,19 @@ def _measured() -> Measured:
     return Measured.from_state(json.loads((DATA / "fleet-store.json").read_text()))
 
 
-def _judged(runs: list[RunRecord]) -> list[dict[str, Any]]:
+def _judged(runs: list[RunRecord], s: Any) -> list[dict[str, Any]]:
     """What the fleet tests record for each run: both verdicts, as the controller gathers them."""
     found = []
     for run in runs:
-        for check, test in ((verdict.fleet_accounting, "test_fleet_accounting"),
-                            (verdict.prefix_locality, "test_prefix_locality")):  # fmt: skip
-            v = check(run)
+        for v, test in ((verdict.fleet_accounting(run), "test_fleet_accounting"),
+                        (verdict.prefix_locality(run, s), "test_prefix_locality")):  # fmt: skip
             found.append({**v.to_json(), "test": f"tests_apc/test_fleet.py::{test}[{run.key.id}]",
                           "outcome": "passed" if v.passed else "failed"})  # fmt: skip
     return found
 
 
 def _data(s: Any, measured: Measured, verdicts: list[dict[str, Any]] | None = None, failed=()) -> rows.ReportData:
-    judged = _judged([r for r in measured.records.values() if r.key.route]) if verdicts is None else verdicts
+    judged = _judged([r for r in measured.records.values() if r.key.route], s) if verdicts is None else verdicts
     return rows.ReportData.build(measured.records, rows.Outcomes(judged, set(failed)), s)
 
 
@@ -110,7 +109,7 @@ def test_fleet_runs_make_no_pair_or_algorithm_rows(pytester: pytest.Pytester) ->
 def test_passed_comes_from_the_fleet_verdicts_of_that_run(pytester: pytest.Pytester) -> None:
     s = settings(pytester)
     measured = _measured()
-    judged = _judged(list(measured.records.values()))
+    judged = _judged(list(measured.records.values()), s)
     failing = [{**v, "passed": False} if v["name"] == "prefix_locality" and v["runs"] == [ROUND_ROBIN.id] else v
                for v in judged]  # fmt: skip
     passed = {n["route"]: n["passed"] for n in _data(s, measured, failing).fleet_numbers()}

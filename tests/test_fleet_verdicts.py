@@ -78,7 +78,7 @@ def test_the_real_cpu_runs_pass_with_their_numbers(pytester) -> None:
     assert "replica 1 15 requests, 28,672 hits = 1 cold prefill(s); replica 2 15 requests, 28,672 hits" in (
         accounting.message
     )
-    locality = verdict.prefix_locality(robin)
+    locality = verdict.prefix_locality(robin, s)
     assert locality.passed, locality.message
     n = locality.numbers
     assert (n["requests"], n["hits"], n["cold_prefills"], n["ideal_cold_prefills"]) == (30, 2 * HALF, 2, 1)
@@ -91,7 +91,7 @@ def test_the_real_cpu_runs_pass_with_their_numbers(pytester) -> None:
 
     consistent = fleet_run(s, "consistent_hash", [(30, 29 * P), (0, 0)])
     assert verdict.fleet_accounting(consistent).passed
-    locality = verdict.prefix_locality(consistent)
+    locality = verdict.prefix_locality(consistent, s)
     assert locality.passed, locality.message
     n = locality.numbers
     assert (n["cold_prefills"], n["extra_prefill_tokens"], n["routing_cost"]) == (1, 0, 0.0)
@@ -146,16 +146,18 @@ def test_a_few_blocks_of_tokenisation_noise_are_tolerated(pytester) -> None:
 
 
 def test_missing_per_replica_counters_cannot_be_accounted(pytester) -> None:
-    run = fleet_run(settings(pytester), "round_robin", [(15, HALF), (15, HALF)])
+    s = settings(pytester)
+    run = fleet_run(s, "round_robin", [(15, HALF), (15, HALF)])
     run.repeats[0].parts = {}
-    for check in (verdict.fleet_accounting, verdict.prefix_locality):
+    for check in (verdict.fleet_accounting, lambda r: verdict.prefix_locality(r, s)):
         with pytest.raises(MeasurementError, match="its counters came from one source, not per replica"):
             check(run)
 
 
 def test_a_replica_without_the_requests_counter_cannot_be_accounted(pytester) -> None:
-    run = fleet_run(settings(pytester), "round_robin", [(15, HALF), (None, HALF)])
-    for check in (verdict.fleet_accounting, verdict.prefix_locality):
+    s = settings(pytester)
+    run = fleet_run(s, "round_robin", [(15, HALF), (None, HALF)])
+    for check in (verdict.fleet_accounting, lambda r: verdict.prefix_locality(r, s)):
         with pytest.raises(
             MeasurementError, match="replica 2 has no vllm:request_success_total counter, so the requests it served"
         ):
@@ -185,29 +187,30 @@ def test_round_robin_must_spread_evenly(pytester) -> None:
     s = settings(pytester)
     uneven = fleet_run(s, "round_robin", [(20, 19 * P), (10, 9 * P)])
     assert verdict.fleet_accounting(uneven).passed  # the books balance ...
-    v = verdict.prefix_locality(uneven)
+    v = verdict.prefix_locality(uneven, s)
     assert not v.passed  # ... but the route broke its promise
     assert "round_robin must spread requests evenly, but the replicas served [20, 10]" in v.message
     assert "round_robin: requests spread evenly: replicas differ by at most one request" in v.message
-    assert verdict.prefix_locality(fleet_run(s, "round_robin", [(16, 15 * P), (14, 13 * P)])).passed is False
+    assert verdict.prefix_locality(fleet_run(s, "round_robin", [(16, 15 * P), (14, 13 * P)]), s).passed is False
     # Odd splits differ by one at most.
     three = fleet_run(s, "round_robin", [(10, 9 * P), (10, 9 * P), (10, 9 * P)])
-    assert verdict.prefix_locality(three).passed
+    assert verdict.prefix_locality(three, s).passed
 
 
 def test_consistent_hash_with_one_key_must_keep_one_replica(pytester) -> None:
     s = settings(pytester)
-    v = verdict.prefix_locality(fleet_run(s, "consistent_hash", [(15, HALF), (15, HALF)]))
+    v = verdict.prefix_locality(fleet_run(s, "consistent_hash", [(15, HALF), (15, HALF)]), s)
     assert not v.passed
     assert "consistent_hash with one routing key must use one replica, but requests spread as [15, 15]" in v.message
     assert v.numbers["cold_prefills"] == 2
-    assert verdict.prefix_locality(fleet_run(s, "consistent_hash", [(0, 0), (30, 29 * P)])).passed
+    assert verdict.prefix_locality(fleet_run(s, "consistent_hash", [(0, 0), (30, 29 * P)]), s).passed
 
 
 @pytest.mark.parametrize("route", ["cache_aware", "dp", "external", "power_of_two"])
 @pytest.mark.parametrize("spread", [[(30, 29 * P), (0, 0)], [(15, HALF), (15, HALF)], [(20, 19 * P), (10, 9 * P)]])
 def test_routes_without_a_promise_pass_with_any_spread_and_report_the_cost(pytester, route, spread) -> None:
-    v = verdict.prefix_locality(fleet_run(settings(pytester), route, spread))
+    s = settings(pytester)
+    v = verdict.prefix_locality(fleet_run(s, route, spread), s)
     assert v.passed, v.message
     active = sum(1 for k, _ in spread if k)
     assert v.numbers["cold_prefills"] == active
@@ -227,7 +230,7 @@ def test_prefix_groups_and_a_header_block_replica_by_replica(pytester) -> None:
     accounting = verdict.fleet_accounting(robin)
     assert accounting.passed, accounting.message
     assert "(P = 2,304 tokens per group hit, Q = 256 header tokens)" in accounting.message
-    locality = verdict.prefix_locality(robin)
+    locality = verdict.prefix_locality(robin, s)
     assert locality.passed, locality.message
     assert (locality.numbers["cold_prefills"], locality.numbers["ideal_cold_prefills"]) == (6, 3)
     # Three split groups, and the header replica 2 computes again: exactly what one server would not.
@@ -237,13 +240,13 @@ def test_prefix_groups_and_a_header_block_replica_by_replica(pytester) -> None:
     # All on one replica: exactly the single-server prediction, no routing cost.
     one = fleet_run(s, "consistent_hash", [(30, p.expected_hits), (0, 0)], groups=3, header=300)
     assert verdict.fleet_accounting(one).passed
-    assert verdict.prefix_locality(one).numbers["extra_prefill_tokens"] == 0
+    assert verdict.prefix_locality(one, s).numbers["extra_prefill_tokens"] == 0
     # Groups kept apart (group 1 on replica 1, groups 2 and 3 on replica 2): 3 cold prefills, the ideal.
     apart = fleet_run(
         s, "cache_aware", [(10, p.replica_hits(10, 1)), (20, p.replica_hits(20, 2))], groups=3, header=300
     )
     assert verdict.fleet_accounting(apart).passed
-    assert verdict.prefix_locality(apart).numbers["cold_prefills"] == 3
+    assert verdict.prefix_locality(apart, s).numbers["cold_prefills"] == 3
 
 
 def test_locality_is_not_judged_on_counters_that_missed_the_requests(pytester) -> None:
@@ -252,10 +255,10 @@ def test_locality_is_not_judged_on_counters_that_missed_the_requests(pytester) -
     routing cost."""
     s = settings(pytester)
     for route in ("external", "round_robin", "consistent_hash"):
-        v = verdict.prefix_locality(fleet_run(s, route, [(0, 0), (0, 0)]))
+        v = verdict.prefix_locality(fleet_run(s, route, [(0, 0), (0, 0)]), s)
         assert not v.passed, v.message
         assert "the replicas finished 0 of the benchmark's 30 requests" in v.message
-    assert not verdict.prefix_locality(fleet_run(s, "cache_aware", [(20, 19 * P), (9, 8 * P)])).passed
+    assert not verdict.prefix_locality(fleet_run(s, "cache_aware", [(20, 19 * P), (9, 8 * P)]), s).passed
 
 
 def test_the_failing_repeat_is_the_one_shown(pytester) -> None:
@@ -263,7 +266,91 @@ def test_the_failing_repeat_is_the_one_shown(pytester) -> None:
     run = fleet_run(s, "round_robin", [(15, HALF), (15, HALF)])
     bad = fleet_run(s, "round_robin", [(20, 19 * P), (10, 9 * P)])
     run.repeats.append(bad.repeats[0])
-    v = verdict.prefix_locality(run)
+    v = verdict.prefix_locality(run, s)
     assert not v.passed
     assert [r["requests"] for r in v.numbers["replicas"]] == [20, 10]
     assert len(v.numbers["repeats"]) == 2
+
+
+# -- an external fleet's promise (--apc-fleet-promise) and the routing-cost bound (--apc-max-routing-cost) ---
+
+
+def gateway(pytester, *args: str):
+    """The settings of an external fleet of two replicas behind a gateway labelled gke_gw."""
+    from pytest_apc import config
+
+    fleet = ("--apc-fleet-url=http://gw", "--apc-metrics-url=http://r1", "--apc-metrics-url=http://r2")
+    return config.resolve(pytester.parseconfig("--cpu-node", *fleet, "--apc-route-label=gke_gw", *args), environ={})
+
+
+def test_a_gateway_that_promises_spread_must_leave_no_replica_idle(pytester) -> None:
+    s = gateway(pytester, "--apc-fleet-promise=spread")
+    v = verdict.prefix_locality(fleet_run(s, "gke_gw", [(30, 29 * P), (0, 0)]), s)
+    assert not v.passed
+    assert "spread: no replica may be left idle, but replica 2 served none of the 30 requests (requests per " in (
+        v.message
+    )
+    assert "(requests per replica: replica 1 30, replica 2 0)" in v.message
+    assert "gke_gw: spread (--apc-fleet-promise): requests spread over the replicas: no replica left idle" in v.message
+    assert v.numbers["promise"] == "spread"
+    # Uneven is still spread: the promise is no idle replica, not round robin's evenness.
+    kept = verdict.prefix_locality(fleet_run(s, "gke_gw", [(20, 19 * P), (10, 9 * P)]), s)
+    assert kept.passed, kept.message
+
+
+def test_a_gateway_that_promises_affinity_must_keep_every_group_on_one_replica(pytester) -> None:
+    s = gateway(pytester, "--apc-fleet-promise=affinity")
+    each = predict(replace(workload_for("fleet", s), prefix_groups=3), HEADER, BLOCK, 0).replica_hits(15, 3)
+    split = fleet_run(s, "gke_gw", [(15, each), (15, each)], groups=3)
+    assert verdict.fleet_accounting(split).passed
+    v = verdict.prefix_locality(split, s)
+    assert not v.passed
+    assert (
+        "affinity: every prefix group must stay on one replica, but 6 cold prefills were computed for 3 prefix "
+        "group(s): 3 more than one per group, so groups were split across replicas; cold prefills per replica: "
+        "replica 1 3 (15 requests), replica 2 3 (15 requests)"
+    ) in v.message
+    assert "gke_gw: affinity (--apc-fleet-promise): every prefix group on one replica" in v.message
+    # Groups kept apart: group 1 on replica 1, groups 2 and 3 on replica 2 (load need not be even).
+    p = predict(replace(workload_for("fleet", s), prefix_groups=3), HEADER, BLOCK, 0)
+    apart = fleet_run(s, "gke_gw", [(10, p.replica_hits(10, 1)), (20, p.replica_hits(20, 2))], groups=3)
+    kept = verdict.prefix_locality(apart, s)
+    assert kept.passed, kept.message
+    assert kept.numbers["cold_prefills"] == 3
+
+
+def test_the_gateway_promise_holds_the_external_route_only(pytester) -> None:
+    """A router policy keeps its own promise whatever --apc-fleet-promise says; cache_aware has none."""
+    s = replace(settings(pytester), fleet_promise="affinity")
+    assert verdict.prefix_locality(fleet_run(s, "cache_aware", [(15, HALF), (15, HALF)]), s).passed
+    robin = verdict.prefix_locality(fleet_run(s, "round_robin", [(15, HALF), (15, HALF)]), s)
+    assert robin.passed, robin.message
+    assert "affinity" not in robin.message
+
+
+@pytest.mark.parametrize("route", ["round_robin", "cache_aware", "dp", "gke_gw"])
+def test_the_routing_cost_bound_fails_a_run_above_it_on_every_route(pytester, route: str) -> None:
+    """Round robin's split of one group over two replicas costs P of (N - 1) x P: 1/29 = 3.45 %."""
+    spread = [(15, HALF), (15, HALF)]
+    above = gateway(pytester, "--apc-max-routing-cost=3.4")
+    v = verdict.prefix_locality(fleet_run(above, route, spread), above)
+    assert not v.passed
+    assert (
+        "routing cost 3.45% is above --apc-max-routing-cost 3.4%: 2,048 extra prefill tokens of the 59,392 APC "
+        "saves on one server (2 cold prefills for 1 prefix group(s))"
+    ) in v.message
+    assert v.numbers["max_routing_cost"] == 3.4
+    within = gateway(pytester, "--apc-max-routing-cost=3.5")
+    kept = verdict.prefix_locality(fleet_run(within, route, spread), within)
+    assert kept.passed, kept.message
+    unset = settings(pytester)
+    assert unset.max_routing_cost is None
+    assert verdict.prefix_locality(fleet_run(unset, route, spread), unset).passed
+
+
+def test_a_routing_cost_bound_that_cannot_be_checked_fails(pytester) -> None:
+    s = gateway(pytester, "--apc-max-routing-cost=50")
+    v = verdict.prefix_locality(fleet_run(s, "gke_gw", [(15, 0), (15, 0)], block_size=4096), s)
+    assert not v.passed
+    assert "the routing cost cannot be told" in v.message
+    assert "--apc-max-routing-cost 50% cannot be checked" in v.message

@@ -20,6 +20,6 @@ def test_fleet_accounting(apc_run, apc_assert):
 
 
 @pytest.mark.apc_cases("R", fleet=True)
-def test_prefix_locality(apc_run, apc_assert):
+def test_prefix_locality(apc_run, apc_settings, apc_assert):
     """Cold prefills against one per prefix group and against the route's promise; the routing cost."""
-    apc_assert(verdict.prefix_locality(apc_run))
+    apc_assert(verdict.prefix_locality(apc_run, apc_settings))
