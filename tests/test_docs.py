@@ -871,3 +871,79 @@ def test_h200_page_and_the_option_state_the_fraction_of_the_bound_as_the_verdict
         f"{fractions[2]:.0%} at 2, {fractions[4]:.0%} at 4 and {fractions[8]:.0%} at 8 ({rows[8]['ttft_speedup']:.2f}×)"
     ) in flat
     assert f"The H200 reached {fractions[1]:.2f}-{fractions[8]:.2f} (C/D)" in SPEC_BY_NAME["min_bound_fraction"].help
+
+
+# The offload case on one H200: the page quotes what the run measured, rendered by today's report code
+# from the run's own records (store.json) and verdicts (results.json).
+H200_OFFLOAD = DOCS / "results" / "h200-offload"
+
+
+def h200_offload_view():
+    import json
+
+    from pytest_apc.records import Measured
+    from pytest_apc.report.rows import Outcomes, tier_rows
+
+    data = json.loads((H200_OFFLOAD / "results.json").read_text())
+    measured = Measured.from_state(json.loads((H200_OFFLOAD / "store.json").read_text()))
+    rows = [row.numbers for row in tier_rows(measured.records, Outcomes(verdicts=data["verdicts"]))]
+    return data, rows
+
+
+def h200_offload_table() -> list[str]:
+    from pytest_apc.report.terminal import offload_table
+
+    return offload_table(h200_offload_view()[1]).splitlines()
+
+
+def test_h200_offload_page_quotes_its_run() -> None:
+    data, rows = h200_offload_view()
+    page = (H200_OFFLOAD / "README.md").read_text()
+    flat = _flat(page)
+    assert _block_after(page, "<!-- offload-table -->") == h200_offload_table()
+    assert all(v["passed"] for v in data["verdicts"])
+    tests = len({v["test"] for v in data["verdicts"]})
+    assert _passed_line(H200_OFFLOAD / "pytest.log").startswith(f"{tests} passed,")
+    assert f"all {tests} tests passed" in flat
+    assert data["environment"]["git_commit"][:7] in flat
+    by_id = {r["id"]: r for r in rows}
+    n1, o1, o8 = by_id["N-c1"], by_id["O-c1"], by_id["O-c8"]
+    assert o1["hits_all_tiers"] == o8["hits_all_tiers"] == o1["expected_hits"]
+    assert f"**{o1['expected_hits']:,}**" in page
+    assert n1["gpu_cache_hits"] == n1["gpu_cache_hits_replayed"] == o1["gpu_cache_hits"]
+    assert f"**{n1['gpu_cache_hits_replayed']:,}**" in page
+    sizes = data["servers"][0]["offload"]
+    for figure in (sizes["gpu_blocks"], sizes["working_set_tokens"], sizes["kv_bytes_per_token"]):
+        assert f"{figure:,}" in flat
+    assert f"{sizes['tier_gib']:g} GiB" in flat
+    pays = [v["numbers"] for v in data["verdicts"] if v["name"] == "tier_pays_off"]
+    assert len(pays) == 2  # at concurrency 1 and 8
+    for n in pays:
+        gain = f"{n['ttft_speedup']:.2f}x [{n['ttft_speedup_low']:.2f}, {n['ttft_speedup_high']:.2f}]"
+        assert gain in flat, gain
+    runs = {r["id"]: r for r in data["runs"]}
+    assert f"{runs['O-c8']['prefix_cache_queries']:,} queries" in flat
+
+
+def test_h200_c8_page_is_what_its_results_file_renders() -> None:
+    import json
+
+    from pytest_apc.report.terminal import summary_lines
+    from pytest_apc.report.view import ReportView
+
+    folder = DOCS / "results" / "h200-c8"
+    data = json.loads((folder / "results.json").read_text())
+    page = (folder / "README.md").read_text()
+    rendered = [line for text, _ in summary_lines(ReportView.from_document(data, "results.json")) for line in
+                text.splitlines()]  # fmt: skip
+    assert _block_after(page, "<!-- c8-summary -->") == rendered[:-1]  # all but the "results:" line
+    flat = _flat(page)
+    assert all(v["passed"] for v in data["verdicts"])
+    tests = len({v["test"] for v in data["verdicts"]})
+    assert _passed_line(folder / "pytest.log").startswith(f"{tests} passed,")
+    assert f"all {tests} tests passed ({data['timing']['suite_elapsed_s']:.0f} s)" in flat
+    assert data["environment"]["git_commit"][:7] in flat
+    pairs = {p["pair"]: p for p in data["pairs"]}
+    for pair in ("A/B", "C/D", "E/F"):
+        assert f"{pairs[pair]['cached_tokens']:,}" in flat
+    assert pairs["C/D"]["cached_tokens"] == pairs["C/D"]["expected_cached_tokens"]

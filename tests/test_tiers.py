@@ -202,6 +202,12 @@ def test_hits_across_tiers_through_fake_servers(pytester: pytest.Pytester) -> No
     assert "--kv-offloading-size" in tier["command"]
     assert "--kv-offloading-size" not in small["command"]
     runs = {r["id"]: r for r in doc["runs"]}
+    # One row per run in the offload table (not the OFF/ON pair table), in the file and on the terminal.
+    assert [row["id"] for row in doc["offload"]] == ["N-c1", "O-c1", "O-c8"]  # N-c8: only tier_pays_off uses it
+    assert not any(row["pair"] == "N/O" for row in doc["pairs"])
+    result.stdout.fnmatch_lines(
+        ["offload (cases N/O, 4 prefix groups)*", "case*GPU hits*tier hits*", "*O*1*CPU 1 GiB*"]
+    )
     assert runs["O-c1"]["external_tokens"] > 0
     assert runs["O-c1"]["hits_all_tiers"] == runs["O-c1"]["prediction"]["expected_hits"]
     assert runs["N-c1"]["external_tokens"] == 0

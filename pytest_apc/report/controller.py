@@ -27,12 +27,13 @@ RUNS_PROPERTY = "apc_runs"  # a failed report of any phase: the ids of the runs 
 
 def report_blocks(data: ReportData, gate: Gate) -> dict[str, Any]:
     """What the report adds to results.json, in the file's order: the verdicts, then the rows of each table
-    (``pairs``, ``hash_algos``, ``fleet``) and the baseline gate."""
+    (``pairs``, ``hash_algos``, ``fleet``, ``offload``) and the baseline gate."""
     return {
         "verdicts": data.verdicts,
         "pairs": data.pair_numbers(),
         "hash_algos": data.algo_numbers(),
         "fleet": data.fleet_numbers(),
+        "offload": data.offload_numbers(),
         "gate": gate.to_json(),
     }
 

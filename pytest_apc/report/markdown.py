@@ -12,7 +12,7 @@ from tabulate import tabulate
 
 from pytest_apc.cases import CASE_PURPOSE
 from pytest_apc.report.formatting import first_line, num
-from pytest_apc.report.terminal import fleet_lead, fleet_requests, fleet_verdict, server_lines
+from pytest_apc.report.terminal import fleet_lead, fleet_requests, fleet_verdict, offload_lead, server_lines
 from pytest_apc.report.view import ReportView
 
 # (key of a pair row, column header), in the order of ReportData.pair_numbers()
@@ -46,6 +46,16 @@ FLEET_COLUMNS = (
 )  # fmt: skip
 
 
+# (key of an offload row, column header), in the order of ReportData.offload_numbers()
+OFFLOAD_COLUMNS = (
+    ("case", "case"), ("concurrency", "conc"), ("tier_gib", "tier GiB"), ("gpu_blocks", "GPU blocks"),
+    ("input_tokens", "prompt tokens"), ("gpu_cache_hits", "GPU cache hits"), ("tier_hits", "tier hits"),
+    ("computed_tokens", "computed"), ("hits_all_tiers", "hits, all tiers"), ("expected_hits", "predicted"),
+    ("gpu_cache_hits_replayed", "GPU hits replayed"), ("prefix_cache_queries", "queries counted"),
+    ("median_ttft_ms", "TTFT ms"), ("p99_ttft_ms", "p99 TTFT ms"), ("verdict", "verdict"),
+)  # fmt: skip
+
+
 def markdown(view: ReportView) -> str:
     lines = ["# APC validation", "", f"Model `{view.model}`, profile `{view.profile}`.", ""]
     lines += [f"- {line}" for line in server_lines(view.servers, view.launches)]
@@ -69,6 +79,11 @@ def markdown(view: ReportView) -> str:
         lines += [f"- FLEET {n.get('id')}: {first_line(n['error'])}" for n in view.fleet if n.get("error")]
     if view.fleet_without_rows:
         lines += ["", f"Fleet runs {', '.join(view.fleet_without_rows)}: no fleet table in this file.", ""]
+    offload = [[num(n.get(k)) if k != "case" else str(n.get(k)) for k, _ in OFFLOAD_COLUMNS] for n in view.offload]
+    if offload:
+        headers = [h for _, h in OFFLOAD_COLUMNS]
+        lines += ["", f"{offload_lead(view.offload)}:"]
+        lines += ["", tabulate(offload, headers=headers, tablefmt="github", disable_numparse=True), ""]
     lines += [f"- {case}: {CASE_PURPOSE.get(case, '')}" for case in view.cases()] + [""]
     failed = [v for v in view.verdicts if not v["passed"]]
     lines.append(f"Verdicts: {len(view.verdicts) - len(failed)} passed, {len(failed)} failed.")

@@ -1,6 +1,6 @@
 """PNG plots next to the results file: median TTFT per pair over concurrency, cached tokens measured vs
-predicted, and for fleet runs the median TTFT and cold prefills per route. Only when matplotlib (extra
-``plot``) is installed."""
+predicted, for fleet runs the median TTFT and cold prefills per route, and for the offload case the prompt
+tokens each tier served. Only when matplotlib (extra ``plot``) is installed."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ def plots(data: ReportData, folder: Path) -> list[str]:
     fleet = data.fleet_numbers()
     if fleet:
         written.append(_fleet_plot(plt, fleet, folder))
+    offload = data.offload_numbers()
+    if offload:
+        written.append(_tier_plot(plt, offload, folder))
     return written
 
 
@@ -98,6 +101,34 @@ def _fleet_plot(plt: Any, rows: list[dict[str, Any]], folder: Path) -> str:
     cold.set(ylabel="cold prefills", title="Cold prefills per route vs ideal")
     cold.legend(fontsize=8)
     path = folder / "fleet.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(path)
+
+
+def _tier_plot(plt: Any, rows: list[dict[str, Any]], folder: Path) -> str:
+    """offload.png: each offload run's prompt tokens, stacked by where they came from (GPU cache, CPU tier,
+    computed), with the prediction across tiers as a line."""
+    labels = [f"{r['case']} c{r['concurrency']}" + (" (tier)" if r["case"] == "O" else "") for r in rows]
+    xs = list(range(len(rows)))
+    gpu = [_value(r, "gpu_cache_hits") for r in rows]
+    tier = [_value(r, "tier_hits") for r in rows]
+    computed = [_value(r, "computed_tokens") for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.bar(xs, gpu, 0.6, label="GPU cache hits")
+    ax.bar(xs, tier, 0.6, bottom=gpu, label="CPU tier hits")
+    ax.bar(xs, computed, 0.6, bottom=[a + b for a, b in zip(gpu, tier, strict=True)], label="computed")
+    for x, r in zip(xs, rows, strict=True):
+        ax.hlines(_value(r, "expected_hits"), x - 0.35, x + 0.35, colors="black", linestyles="dashed")
+    ax.plot([], [], "k--", label="predicted hits, all tiers")
+    ax.set_xticks(xs, labels, fontsize=8)
+    tallest = max((a + b + c for a, b, c in zip(gpu, tier, computed, strict=True) if not math.isnan(a + b + c)),
+                  default=1.0)  # fmt: skip
+    ax.set_ylim(0, tallest * 1.35)  # room for the legend above the bars
+    ax.set(ylabel="prompt tokens", title="Prompt tokens by source: GPU cache, CPU tier, computed")
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
+    path = folder / "offload.png"
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

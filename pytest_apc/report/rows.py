@@ -1,5 +1,6 @@
 """The rows of the validation tables, computed once per session after the tests ran: OFF/ON pairs,
-hash algorithms against the default, and fleet runs (case R, one row per route; no OFF partner).
+hash algorithms against the default, fleet runs (case R, one row per route; no OFF partner), and the
+offload case (one row per run of N and O: what each tier served).
 
 Every output (terminal table, Markdown, plots, baseline gate, results.json) reads the same
 :class:`ReportData`, so the bootstrap behind each row runs once.
@@ -14,7 +15,7 @@ from typing import Any
 from pytest_apc import locality
 from pytest_apc.cases import PAIRS, RunKey
 from pytest_apc.config import Settings
-from pytest_apc.records import MeasurementError, RunRecord
+from pytest_apc.records import MeasurementError, RunRecord, tier_hits
 from pytest_apc.stats import Interval, median_interval, ratio_of_medians
 from pytest_apc.verdict import Pair
 
@@ -149,6 +150,35 @@ class FleetRow:
         return cls(run, numbers)
 
 
+@dataclass(frozen=True)
+class TierRow:
+    """One run of the offload case (N: a small GPU cache alone, O: the same with a CPU tier): the prompt
+    tokens each tier served and what was computed (the first repeat's by-source counters), against the
+    prediction across tiers and the replay of vLLM's block pool for the GPU cache alone."""
+
+    run: RunRecord
+    numbers: dict[str, Any]
+
+    @classmethod
+    def build(cls, run: RunRecord, outcomes: Outcomes) -> TierRow:
+        d = run.repeats[0].delta
+        sizes = run.server.offload
+        numbers: dict[str, Any] = {
+            "id": run.key.id, "case": run.key.case, "concurrency": run.key.concurrency,
+            "tier_gib": sizes.get("tier_gib") if run.key.case == "O" else None,
+            "gpu_blocks": run.server.num_gpu_blocks, "prefix_groups": run.workload.prefix_groups,
+            "input_tokens": run.bench.get("total_input_tokens"),
+            "gpu_cache_hits": d.cached_tokens if d else None, "tier_hits": d.external_tokens if d else None,
+            "computed_tokens": d.computed_tokens if d else None, "hits_all_tiers": tier_hits(d) if d else None,
+            "expected_hits": run.prediction.expected_hits if run.prediction else None,
+            "gpu_cache_hits_replayed": run.local_hits_predicted,
+            "prefix_cache_queries": d.prefix_cache_queries if d else None,
+            "median_ttft_ms": run.median_ms("ttfts"), "p99_ttft_ms": run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
+            "verdict": _row_verdict(outcomes, {run.key.id}, about=run.key.id),
+        }  # fmt: skip
+        return cls(run, numbers)
+
+
 def _fleet_passed(outcomes: Outcomes, run_id: str) -> bool | None:
     """Whether the fleet verdicts on this run passed; False too when a test of the run failed before it
     recorded one (e.g. counters missing); None when nothing judged it."""
@@ -176,7 +206,7 @@ def pair_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes, settings:
     outcome (runs on --apc-hash-algos servers are compared with the default's in ``algo_rows``)."""
     rows = []
     for key in sorted(records, key=lambda k: (k.case, k.concurrency)):
-        if key.case not in PAIRS or key.hash_algo:
+        if key.case not in PAIRS or key.hash_algo or key.family == "offload":  # the tiers have rows of their own
             continue
         off = records.get(RunKey(PAIRS[key.case], key.concurrency))
         if off is None:
@@ -205,6 +235,12 @@ def fleet_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes, settings
     return [FleetRow.build(records[key], outcomes, settings) for key in keys]
 
 
+def tier_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes) -> list[TierRow]:
+    """Every run of the offload case, by concurrency, without the tier first."""
+    keys = sorted((k for k in records if k.family == "offload"), key=lambda k: (k.concurrency, k.case))
+    return [TierRow.build(records[key], outcomes) for key in keys]
+
+
 @dataclass(frozen=True)
 class ReportData:
     """Everything the report shows about this session's runs, computed once."""
@@ -213,6 +249,7 @@ class ReportData:
     algos: list[AlgoRow]
     verdicts: list[dict[str, Any]]
     fleet: list[FleetRow] = field(default_factory=list)
+    offload: list[TierRow] = field(default_factory=list)
 
     @classmethod
     def build(cls, records: Mapping[RunKey, RunRecord], outcomes: Outcomes, settings: Settings) -> ReportData:
@@ -221,6 +258,7 @@ class ReportData:
             algo_rows(records, outcomes, settings),
             list(outcomes.verdicts),
             fleet_rows(records, outcomes, settings),
+            tier_rows(records, outcomes),
         )
 
     def pair_numbers(self) -> list[dict[str, Any]]:
@@ -231,3 +269,6 @@ class ReportData:
 
     def fleet_numbers(self) -> list[dict[str, Any]]:
         return [row.numbers for row in self.fleet]
+
+    def offload_numbers(self) -> list[dict[str, Any]]:
+        return [row.numbers for row in self.offload]

@@ -153,6 +153,32 @@ def fleet_table(rows: list[dict[str, Any]]) -> str:
     return tabulate(body, headers=headers, disable_numparse=True)
 
 
+def offload_lead(rows: list[dict[str, Any]]) -> str:
+    """The line above the offload table: what its columns compare."""
+    groups = "/".join(str(g) for g in sorted({int(n["prefix_groups"]) for n in rows}))
+    return (
+        f"offload (cases N/O, {groups} prefix groups): prompt tokens served by the GPU cache and the CPU tier; "
+        "all tiers vs one server's prediction; GPU cache vs the replay of vLLM's block pool (exact at c1)"
+    )
+
+
+def offload_table(rows: list[dict[str, Any]]) -> str:
+    """One row per offload run (``ReportData.offload_numbers()``, results.json's ``offload``)."""
+    body = []
+    for n in rows:
+        gib = n.get("tier_gib")
+        tier = "none" if n.get("case") != "O" else (f"CPU {gib:g} GiB" if gib is not None else "CPU")
+        body.append([
+            n.get("case"), n.get("concurrency"), tier, num(n.get("gpu_blocks")), num(n.get("gpu_cache_hits")),
+            num(n.get("tier_hits")), num(n.get("computed_tokens")),
+            f"{num(n.get('hits_all_tiers'))}/{num(n.get('expected_hits'))}", num(n.get("gpu_cache_hits_replayed")),
+            num(n.get("median_ttft_ms")), n.get("verdict", "-"),
+        ])  # fmt: skip
+    headers = ["case", "c", "tier", "GPU blocks", "GPU hits", "tier hits", "computed", "all tiers/predicted",
+               "GPU replayed", "TTFT ms", "verdict"]  # fmt: skip
+    return tabulate(body, headers=headers, disable_numparse=True)
+
+
 def fleet_lines(view: ReportView) -> list[tuple[str, Markup]]:
     """The fleet table, a line per fleet run whose locality could not be told, and, for a results file
     written before the fleet block, the fleet runs it has no table for."""
@@ -286,7 +312,7 @@ def summary_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Ma
     """The terminal summary below its separator, each line with its markup for pytest's terminal writer."""
     lines: list[tuple[str, Markup]] = []
     model = model_path_for_display(view.model)
-    fleet_only = not view.pairs and bool(view.fleet or view.fleet_without_rows)
+    fleet_only = not view.pairs and bool(view.fleet or view.fleet_without_rows or view.offload)
     legend = "" if fleet_only else "; TTFT OFF>ON; gain = median TTFT OFF/ON"
     lines.append((f"model {model} ({view.profile} profile){legend}", {}))
     lines += [(line, {}) for line in server_lines(view.servers, view.launches)]
@@ -297,6 +323,8 @@ def summary_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Ma
         lines.append((f"hash algorithms vs the default ({default}): cached tokens must be equal", {}))
         lines.append((algo_table(view.algos), {}))
     lines += fleet_lines(view)
+    if view.offload:
+        lines += [(offload_lead(view.offload), {}), (offload_table(view.offload), {})]
     for run_id, error in view.errors:
         lines.append((f"NOT MEASURED {run_id}: {first_line(error)}", {"red": True}))
     lines += [(f"WARNING {line}", {"yellow": True}) for line in view.warnings]

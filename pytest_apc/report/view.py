@@ -30,6 +30,7 @@ class ReportView:
     fleet: list[dict[str, Any]] = field(default_factory=list)  # one row per fleet run (schema_version 3)
     # Fleet runs of a file written before the fleet block (schema_version 2): named, without a table.
     fleet_without_rows: list[str] = field(default_factory=list)
+    offload: list[dict[str, Any]] = field(default_factory=list)  # one row per offload run (schema_version 5)
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any], path: str) -> ReportView:
@@ -48,12 +49,14 @@ class ReportView:
             results=path,
             fleet=list(doc.get("fleet") or []),
             fleet_without_rows=[] if "fleet" in doc else fleet_run_ids(doc),
+            offload=list(doc.get("offload") or []),
         )
 
     def cases(self) -> list[str]:
-        """The cases of the pair rows (``C/D``, or ``C/D xxhash`` in a schema_version 1 file) and R for fleet
-        rows, sorted."""
+        """The cases of the pair rows (``C/D``, or ``C/D xxhash`` in a schema_version 1 file), R for fleet
+        rows and N/O for offload rows, sorted."""
         cases = {case for row in self.pairs for case in str(row["pair"]).split()[0].split("/")}
+        cases |= {str(row["case"]) for row in self.offload}
         return sorted(cases | ({"R"} if self.fleet else set()))
 
 
