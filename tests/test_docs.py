@@ -947,3 +947,10 @@ def test_h200_c8_page_is_what_its_results_file_renders() -> None:
     for pair in ("A/B", "C/D", "E/F"):
         assert f"{pairs[pair]['cached_tokens']:,}" in flat
     assert pairs["C/D"]["cached_tokens"] == pairs["C/D"]["expected_cached_tokens"]
+
+
+def test_the_readme_quotes_the_h200_runs_it_links() -> None:
+    readme = _flat((REPO / "README.md").read_text())
+    for folder in ("h200-c8", "h200-offload"):
+        passed = _passed_line(DOCS / "results" / folder / "pytest.log").split(",")[0]
+        assert re.search(rf"\(docs/results/{folder}/README\.md\)[^(]*\([^)]*{passed}\)", readme), (folder, passed)
