@@ -34,6 +34,10 @@ FLEET_SETTINGS = (
     "replicas", "router_policies", "router_command", "router_arg", "data_parallel_size", "prefix_groups", "fleet_url",
     "metrics_url", "route_label", "fleet_promise", "max_routing_cost",
 )  # fmt: skip
+# Settings only the offload cases read.
+OFFLOAD_SETTINGS = (
+    "offload_groups", "offload_concurrency", "offload_output_len", "offload_gpu_blocks", "offload_tier_gib",
+)  # fmt: skip
 # The baseline gate's settings: the baseline first, then what only matters with one.
 BASELINE_SETTINGS = ("baseline", "baseline_false_alarm", "baseline_repeats")
 
@@ -83,11 +87,13 @@ def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, C
         ("pure_gain_concurrency", lambda use: any(k.case == "D" and (not pure_gain or k.concurrency <= pure_gain)
                                                   and not k.hash_algo for k in use.keys),
          f"no selected test judges the C/D pair at concurrency {pure_gain} or below; {pure_levels}"),
-        ("prefix_len", family("pure", "fleet"), "no selected test runs C/D or R, the only cases with this length"),
-        ("suffix_len", family("pure", "fleet"), "no selected test runs C/D or R, the only cases with this length"),
+        *((name, family("pure", "fleet", "offload"), "no selected test runs C/D, R, N or O, the cases with this length")
+          for name in ("prefix_len", "suffix_len")),
         ("rag_prefix_len", family("rag"), "no selected test runs E/F, the only cases with this length"),
         ("input_len", family("overhead", "rag"), "no selected test runs A/B or E/F, the cases with this length"),
         *((name, family("fleet"), "no selected test measures a fleet (case R, -m fleet)") for name in FLEET_SETTINGS),
+        *((name, family("offload"), "no selected test measures the offload tier (cases N/O, -m offload)")
+          for name in OFFLOAD_SETTINGS),
         ("url_on", lambda use: any(k.apc and not k.route for k in use.keys),
          "no selected test measures on an APC-on server"),
         ("url_off", lambda use: any(not k.apc for k in use.keys), "no selected test measures on the APC-off server"),

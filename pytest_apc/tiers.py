@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_apc.records import MeasurementError, RunRecord, tier_hits
-from pytest_apc.verdict import Pair, Verdict, _repeat_numbers, _window, overcount
+from pytest_apc.verdict import Pair, Verdict, overcount, repeat_numbers, window_text
 
 
 def _prediction(run: RunRecord) -> Any:
@@ -54,7 +54,7 @@ def hits_across_tiers(run: RunRecord) -> Verdict:
         lines.append(
             f"{run.key.id}: hits {total:,} = {local:,} from the GPU cache + {tier:,} from the CPU tier; predicted "
             f"{p.expected_hits:,} = ({run.workload.num_prompts} - {p.prefix_groups}) x {p.group_tokens:,} + "
-            f"({p.prefix_groups} - 1) x {p.header_block_tokens} {_window(p)}; computed {computed:,} of {tokens:,}"
+            f"({p.prefix_groups} - 1) x {p.header_block_tokens} {window_text(p)}; computed {computed:,} of {tokens:,}"
         )
         if local + tier + computed != tokens:
             problems.append(
@@ -75,20 +75,16 @@ def hits_across_tiers(run: RunRecord) -> Verdict:
         per_repeat.append({"hits_all_tiers": total, "local": local, "tier": tier, "computed": computed,
                            "expected_hits": p.expected_hits, "input_tokens": tokens})  # fmt: skip
         failed.append(len(problems) > known)
-    return Verdict(
-        "hits_across_tiers",
-        [run.key.id],
-        not problems,
-        _message(lines, problems, run),
-        _repeat_numbers(per_repeat, failed),
-    )
+    return _run_verdict("hits_across_tiers", run, lines, problems, repeat_numbers(per_repeat, failed))
 
 
-def _message(lines: list[str], problems: list[str], run: RunRecord) -> str:
+def _run_verdict(name: str, run: RunRecord, lines: list[str], problems: list[str], numbers: dict[str, Any]) -> Verdict:
+    """A verdict on one run: its lines, its problems, and a note where vLLM's counters over-counted."""
     notes = [n for (r, d) in run.require_counters() if (n := overcount(d, int(r.bench["total_input_tokens"])))]
-    return "\n".join(
+    message = "\n".join(
         lines + [f"- {problem}" for problem in dict.fromkeys(problems)] + [f"note: {n}" for n in dict.fromkeys(notes)]
     )
+    return Verdict(name, [run.key.id], not problems, message, numbers)
 
 
 def _diagnose_short(run: RunRecord) -> str:
@@ -164,10 +160,4 @@ def eviction_predicted(run: RunRecord) -> Verdict:
             )
         per_repeat.append({"local_hits": local, "predicted": predicted, "difference": off})
         failed.append(bad)
-    return Verdict(
-        "eviction_predicted",
-        [run.key.id],
-        not problems,
-        _message(lines, problems, run),
-        _repeat_numbers(per_repeat, failed),
-    )
+    return _run_verdict("eviction_predicted", run, lines, problems, repeat_numbers(per_repeat, failed))

@@ -133,11 +133,11 @@ def apc_really_off(run: RunRecord) -> Verdict:
         elif not good:
             lines.append("diagnosis: the server did not count every prompt token (requests lost or still running)")
     return Verdict(
-        "apc_really_off", [run.key.id], not any(failed), "\n".join(lines), _repeat_numbers(per_repeat, failed)
+        "apc_really_off", [run.key.id], not any(failed), "\n".join(lines), repeat_numbers(per_repeat, failed)
     )
 
 
-def _repeat_numbers(per_repeat: list[dict[str, Any]], failed: list[bool]) -> dict[str, Any]:
+def repeat_numbers(per_repeat: list[dict[str, Any]], failed: list[bool]) -> dict[str, Any]:
     """Every repeat's numbers, and at the top level those of the first repeat that failed (else the first),
     so that the results file shows what failed without hiding the other repeats."""
     shown = per_repeat[failed.index(True)] if any(failed) else per_repeat[0]
@@ -169,7 +169,7 @@ def cached_tokens_match(run: RunRecord) -> Verdict:
         too_few = hits < p.expected_hits - p.tolerance or (hits == 0 and p.expected_hits > 0)
         too_many = hits > p.expected_hits + p.tolerance_above
         if too_few or too_many:
-            problems.append(f"hits {hits:,} are not within {_window(p)} of the predicted {p.expected_hits:,}")
+            problems.append(f"hits {hits:,} are not within {window_text(p)} of the predicted {p.expected_hits:,}")
         if hits == 0 and p.expected_hits > 0:
             problems.append("no cached tokens at all, where the prediction expects some")
         if recounted:
@@ -185,7 +185,7 @@ def cached_tokens_match(run: RunRecord) -> Verdict:
             f"{(hits / queries if queries else 0):.1%}); predicted {p.expected_hits:,} = "
             f"({run.workload.num_prompts}-1) x floor({p.shared_prefix_tokens}/{p.block_size}) x {p.block_size} "
             f"(shared prefix S = {run.header_tokens} template + {run.workload.prefix_len} prefix tokens) "
-            f"{_window(p)}"
+            f"{window_text(p)}"
         )
         per_repeat.append(
             {
@@ -206,7 +206,7 @@ def cached_tokens_match(run: RunRecord) -> Verdict:
     message = "\n".join(
         lines + [f"- {problem}" for problem in dict.fromkeys(problems)] + [f"note: {n}" for n in dict.fromkeys(notes)]
     )
-    return Verdict("cached_tokens_match", [run.key.id], not problems, message, _repeat_numbers(per_repeat, failed))
+    return Verdict("cached_tokens_match", [run.key.id], not problems, message, repeat_numbers(per_repeat, failed))
 
 
 def prefill_saved(pair: Pair) -> Verdict:
@@ -402,7 +402,7 @@ def overcount(d: Delta, input_tokens: int) -> str | None:
     )
 
 
-def _window(p: Prediction) -> str:
+def window_text(p: Prediction) -> str:
     if p.tolerance == p.tolerance_above:
         return f"+/- {p.tolerance:,}"
     return f"-{p.tolerance:,}/+{p.tolerance_above:,}"
@@ -505,7 +505,7 @@ def fleet_accounting(run: RunRecord) -> Verdict:
         per_repeat.append(found.as_dict())
         failed.append(len(problems) > known)
     message = "\n".join(lines + [f"- {problem}" for problem in dict.fromkeys(problems)])
-    return Verdict("fleet_accounting", [run.key.id], not problems, message, _repeat_numbers(per_repeat, failed))
+    return Verdict("fleet_accounting", [run.key.id], not problems, message, repeat_numbers(per_repeat, failed))
 
 
 def prefix_locality(run: RunRecord, settings: Settings) -> Verdict:
@@ -545,7 +545,7 @@ def prefix_locality(run: RunRecord, settings: Settings) -> Verdict:
         failed.append(len(problems) > known)
     lines.append(f"{route}: {locality.promise_text(run.key, promise)}")
     message = "\n".join(lines + [f"- {problem}" for problem in dict.fromkeys(problems)])
-    numbers = _repeat_numbers(per_repeat, failed) | {
+    numbers = repeat_numbers(per_repeat, failed) | {
         "promise": promise or None,
         "max_routing_cost": settings.max_routing_cost,
     }

@@ -48,12 +48,13 @@ def test_a_returning_group_hits_the_head_its_tail_first_eviction_left() -> None:
 
 
 def test_the_partial_last_block_is_reused_before_a_cached_block_is_evicted() -> None:
-    # 12 usable: request 1 takes request 0's partial block (front of the queue), the one never used, then
-    # evicts request 0's blocks 9 .. 1: request 2 hits block 0 only. Were the partial block queued behind
-    # the cached ones, block 0 would go too.
-    requests = [Request(0, 100, 4), Request(1, 100, 4), Request(0, 100, 4)]
-    hits = local_hits(requests, header_tokens=0, shared_tokens=90, block_size=10, gpu_blocks=13)
-    assert hits == [0, 0, 10]
+    # 13 usable blocks, 11 per request. Group 0, group 1 twice, group 0 again. Request 1 leaves group 0
+    # one head block; request 2 hits group 1's 9 prefix blocks and takes 2 new blocks: first request 1's
+    # partial last block (front of the queue, caching nothing), then one more. Were the partial block queued
+    # behind the cached ones, request 2 would evict group 0's last block and request 3 would hit nothing.
+    requests = [Request(0, 100, 4), Request(1, 100, 4), Request(1, 100, 4), Request(0, 100, 4)]
+    hits = local_hits(requests, header_tokens=0, shared_tokens=90, block_size=10, gpu_blocks=14)
+    assert hits == [0, 0, 90, 10]
 
 
 def test_a_request_larger_than_the_cache_is_refused() -> None:

@@ -221,3 +221,16 @@ def test_a_tier_that_keeps_its_prefixes_through_the_reset_fails_by_name(pytester
     result.assert_outcomes(passed=1, failed=1, deselected=4)  # O-c1 ran first, on a tier nothing had filled yet
     result.stdout.fnmatch_lines(["*hits * exceed the prediction by *", "*diagnosis: prefixes survived the reset*"])
     result.stdout.fnmatch_lines(["*the CPU tier of 0.001 GiB holds * tokens*short of the working set*"])
+
+
+def test_offload_settings_without_an_offload_test_are_named(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_offload=OFFLOAD_SUITE.read_text())
+    result = pytester.runpytest("--cpu-node", "--apc-offload-groups=5", "-m", "pure", "-p", "no:randomly")
+    result.stdout.fnmatch_lines(["*--apc-offload-groups 5*no selected test measures the offload tier*"])
+
+
+def test_offload_tests_skip_on_the_cpu_build_in_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_offload=OFFLOAD_SUITE.read_text())
+    result = pytester.runpytest("--cpu-node", "-m", "offload", "-rs", "-p", "no:randomly")
+    result.assert_outcomes(skipped=3)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] *vLLM's CPU build has no KV offload tier*--gpu-node"])
