@@ -263,7 +263,13 @@ class Settings:
     )
     tokenizer: str = setting(_str, "", "Tokenizer for the benchmark client. Default: the model", "PATH")
     served_model_name: str = setting(
-        _str, "apc-model", "Model name the servers expose and the benchmark requests", "NAME"
+        _str,
+        "apc-model",
+        (
+            "Model name the launched servers expose and the benchmark requests. Servers run elsewhere must "
+            "serve it; unset, the name their /v1/models lists is taken"
+        ),
+        "NAME",
     )
     tensor_parallel_size: int = setting(
         _non_negative_int, 0, "Tensor-parallel size of the GPU servers. 0: the number of visible GPUs", "N", cpu=1

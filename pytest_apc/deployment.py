@@ -24,7 +24,7 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
@@ -34,9 +34,12 @@ from pytest_apc.cases import (
     DATA_PARALLEL,
     EXTERNAL_FLEET,
     FAMILY_MARKERS,
+    RunKey,
     ServerMode,
+    Workload,
     ceil_div,
     longest_request_tokens,
+    workload_for,
 )
 from pytest_apc.config import Settings
 from pytest_apc.fleet import Fleet, Router
@@ -51,6 +54,7 @@ from pytest_apc.server import (
     build_command,
     cuda_visible_devices,
     gpu_memory_used_mib,
+    http_session,
     own_variables,
     server_env,
 )
@@ -70,6 +74,11 @@ class Deployment(Protocol):
     @property
     def url(self) -> str:
         """Where the benchmark sends its requests."""
+        ...
+
+    @property
+    def served_model_name(self) -> str:
+        """The model name the benchmark requests (a server run elsewhere: its own, unless one was given)."""
         ...
 
     def start(self) -> ServerInfo:
@@ -112,15 +121,27 @@ class Deployment(Protocol):
 
 
 def deployment_for(
-    mode: ServerMode, settings: Settings, model: str, run_dir: Path, progress: Callable[[str], None]
+    mode: ServerMode,
+    settings: Settings,
+    model: str,
+    run_dir: Path,
+    progress: Callable[[str], None],
+    keys: Sequence[RunKey] = (),
 ) -> Deployment:
-    """The deployment that serves ``mode`` under these settings."""
+    """The deployment that serves ``mode`` under these settings, for the runs ``keys``."""
+    need, why = context_needed(keys, settings)
     how = Reach(
         served_model_name=settings.served_model_name,
         log_path=run_dir / f"server-{mode.name}.log",
         startup_timeout=settings.startup_timeout,
         on_progress=progress,
         api_key=settings.api_key,
+        min_model_len=need,
+        min_model_len_why=why,
+    )
+    # A server run elsewhere serves the name it serves: without --apc-served-model-name, take it from it.
+    elsewhere = replace(
+        how, served_model_name=settings.served_model_name if given(settings, "served_model_name") else ""
     )
 
     def replica(index: int) -> Reach:
@@ -128,11 +149,17 @@ def deployment_for(
         return replace(how, log_path=run_dir / f"server-{mode.name}-r{index + 1}.log")
 
     if mode.fleet == EXTERNAL_FLEET:
-        replicas: list[Endpoint] = [ExternalServer(mode, replica(i), url) for i, url in enumerate(settings.metrics_url)]
-        return Fleet(mode, replicas, url=settings.fleet_url, log_path=replicas[0].log_path, progress=progress)
+        replicas: list[Endpoint] = [
+            ExternalServer(mode, replace(elsewhere, log_path=replica(i).log_path), url)
+            for i, url in enumerate(settings.metrics_url)
+        ]
+        gateway = http_session(settings.api_key)
+        return Fleet(
+            mode, replicas, url=settings.fleet_url, log_path=replicas[0].log_path, progress=progress, gateway=gateway
+        )
     url = external_url(mode, settings)
     if url:
-        return ExternalServer(mode, how, url)
+        return ExternalServer(mode, elsewhere, url)
     if mode.fleet == "router":
         gpus = replica_gpus(settings)
         replicas = [
@@ -273,6 +300,30 @@ def external_url(mode: ServerMode, settings: Settings) -> str:
     if mode.hash_algo or mode.fleet:
         return ""
     return settings.url_on if mode.apc else settings.url_off
+
+
+def given(settings: Settings, name: str) -> bool:
+    """Whether the user set ``name`` (rather than its default applying)."""
+    return settings.sources.get(name, "default") != "default"
+
+
+def context_needed(keys: Sequence[RunKey], settings: Settings) -> tuple[int, str]:
+    """The context the longest request of ``keys`` needs: its prompt and output plus TEMPLATE_HEADROOM for
+    the chat template (the room launched servers get), and how that adds up, in words; (0, "") for none."""
+    if not keys:
+        return 0, ""
+    longest = max(keys, key=lambda key: request_tokens(workload_for(key.family, settings)))
+    workload = workload_for(longest.family, settings)
+    need = request_tokens(workload) + TEMPLATE_HEADROOM
+    return need, (
+        f"run {longest.id}: prompt {workload.prompt_len} + output {workload.output_len} + "
+        f"{TEMPLATE_HEADROOM} for the chat template"
+    )
+
+
+def request_tokens(workload: Workload) -> int:
+    """Prompt and output tokens of one request of ``workload`` (before the chat template)."""
+    return workload.prompt_len + workload.output_len
 
 
 def max_model_len(settings: Settings) -> int:

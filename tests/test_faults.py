@@ -330,6 +330,76 @@ def test_external_servers_are_validated_and_never_stopped(suite, run_inner) -> N
         off.kill()
 
 
+def test_external_servers_serve_the_name_they_list_when_none_is_given(suite, run_inner) -> None:
+    """No --apc-served-model-name: the benchmark requests what the servers' /v1/models lists (the fake
+    answers 404 to any other name, so a run that passes requested it)."""
+    on, on_url = _start_fake(suite, "--enable-prefix-caching", "--served-model-name", "llama-8b")
+    off, off_url = _start_fake(suite, "--no-enable-prefix-caching", "--served-model-name", "llama-8b")
+    try:
+        inner = run_inner(*fake_args(), f"--apc-url-on={on_url}", f"--apc-url-off={off_url}")
+        assert inner.ret == 0, inner.output[-3000:]
+    finally:
+        on.kill()
+        off.kill()
+
+
+def only_d(tmp_path):
+    """A suite of one test, on D alone: only the APC-on server is needed."""
+    (tmp_path / "test_d.py").write_text(
+        "import pytest\n\n@pytest.mark.apc_cases('D')\ndef test_d(apc_run):\n    assert apc_run.repeats\n"
+    )
+    return tmp_path
+
+
+def test_external_server_without_the_named_model_fails_in_seconds_naming_what_it_serves(tmp_path, run_inner) -> None:
+    suite = only_d(tmp_path)
+    on, on_url = _start_fake(suite, "--enable-prefix-caching")
+    try:
+        started = time.monotonic()
+        inner = run_inner(
+            *fake_args(), f"--apc-url-on={on_url}", "--apc-served-model-name=llama-70b", "--apc-startup-timeout=1800",
+        )  # fmt: skip
+        assert time.monotonic() - started < 30
+        assert inner.ret == 1
+        assert "apc-on server answers but serves ['apc-model'], not 'llama-70b'" in inner.output
+    finally:
+        on.kill()
+
+
+def test_external_server_with_a_short_context_fails_in_seconds_with_both_numbers(tmp_path, run_inner) -> None:
+    """Case D scaled by 0.01: prompt 338 (prefix 328 + suffix 10) and output 3, plus 256 for the template."""
+    suite = only_d(tmp_path)
+    on, on_url = _start_fake(suite, "--enable-prefix-caching", "--max-model-len", "500")
+    try:
+        started = time.monotonic()
+        inner = run_inner(*fake_args(), f"--apc-url-on={on_url}", "--apc-startup-timeout=1800")
+        assert time.monotonic() - started < 30
+        assert inner.ret == 1
+        assert (
+            f"apc-on server {on_url} serves 'apc-model' with max_model_len 500, but the longest request of its runs "
+            "needs 597 tokens (run D-c8: prompt 338 + output 3 + 256 for the chat template): restart it with "
+            "--max-model-len 597 or more"
+        ) in inner.output
+        assert not list(suite.glob("apc-results/*/bench/*.json")), "measured on a server too short for its runs"
+    finally:
+        on.kill()
+
+
+def test_external_server_url_where_nothing_listens_fails_in_seconds(tmp_path, run_inner) -> None:
+    from tests.test_fleet_faults import _free_url
+
+    only_d(tmp_path)
+    dead = _free_url()
+    started = time.monotonic()
+    inner = run_inner(*fake_args(), f"--apc-url-on={dead}", "--apc-startup-timeout=1800")
+    assert time.monotonic() - started < 30
+    assert inner.ret == 1
+    assert (
+        f"apc-on server (external, {dead}) does not answer: GET {dead}/health: connection refused (nothing listens "
+        "there) (for 10 s; a server run elsewhere must be up already)"
+    ) in inner.output
+
+
 def test_external_servers_that_differ_beyond_apc_cannot_be_compared(tmp_path, run_inner) -> None:
     """--apc-url-on/off at two different deployments: the pair is refused, not judged."""
     one_verdict_test(tmp_path, "'D'", "apc_pair", "prefill_saved")

@@ -116,22 +116,68 @@ def test_external_fleet_with_a_replica_that_does_not_answer_fails_naming_it(tmp_
     replica, replica_url = _start_fake(tmp_path)
     dead_url = _free_url()
     try:
+        started = time.monotonic()
         inner = run_inner(
             *fleet_args(), f"--apc-fleet-url={gateway_url}", f"--apc-metrics-url={replica_url}",
-            f"--apc-metrics-url={dead_url}", "--apc-startup-timeout=4",
+            f"--apc-metrics-url={dead_url}", "--apc-startup-timeout=1800",
         )  # fmt: skip
+        assert time.monotonic() - started < 30  # not --apc-startup-timeout: it is up already or a wrong URL
         assert inner.ret == 1
         for test in ("test_fleet_accounting", "test_prefix_locality"):
             assert f"ERROR test_fleet.py::{test}[R-c8-external]" in inner.output
         assert "passed" not in inner.output.splitlines()[-1]
         assert "replica 2 of 2 could not start:" in inner.output
-        assert "was not ready after 4 s (still waiting for the process to listen (/health))" in inner.output
-        assert dead_url in inner.output
+        assert (
+            f"apc-on-fleet-external server (external, {dead_url}) does not answer: GET {dead_url}/health: "
+            "connection refused (nothing listens there) (for 10 s; a server run elsewhere must be up already)"
+        ) in inner.output
         assert gateway.poll() is None, "the plugin stopped a server it did not launch"
         assert replica.poll() is None, "the plugin stopped a server it did not launch"
     finally:
         gateway.kill()
         replica.kill()
+
+
+def test_external_fleet_whose_gateway_does_not_answer_fails_in_seconds_naming_it(tmp_path, run_inner) -> None:
+    one, one_url = _start_fake(tmp_path)
+    two, two_url = _start_fake(tmp_path)
+    dead_url = _free_url()
+    try:
+        started = time.monotonic()
+        inner = run_inner(
+            *fleet_args(), f"--apc-fleet-url={dead_url}", f"--apc-metrics-url={one_url}",
+            f"--apc-metrics-url={two_url}", "--apc-startup-timeout=1800",
+        )  # fmt: skip
+        assert time.monotonic() - started < 30
+        assert inner.ret == 1
+        assert (
+            f"the apc-on-fleet-external gateway (--apc-fleet-url {dead_url}) does not answer: "
+            f"GET {dead_url}/v1/models: connection refused"
+        ) in inner.output
+    finally:
+        one.kill()
+        two.kill()
+
+
+def test_external_fleet_whose_gateway_lists_another_model_is_refused(tmp_path, run_inner) -> None:
+    """The replicas serve apc-model, the gateway routes a model of another name: another deployment."""
+    gateway, gateway_url = _start_fake(tmp_path, "--served-model-name", "llama-70b")
+    one, one_url = _start_fake(tmp_path)
+    two, two_url = _start_fake(tmp_path)
+    try:
+        inner = run_inner(
+            *fleet_args(), f"--apc-fleet-url={gateway_url}", f"--apc-metrics-url={one_url}",
+            f"--apc-metrics-url={two_url}",
+        )  # fmt: skip
+        assert inner.ret == 1
+        assert (
+            f"the apc-on-fleet-external gateway (--apc-fleet-url {gateway_url}) serves ['llama-70b'], not "
+            "'apc-model', which its replicas serve"
+        ) in inner.output
+    finally:
+        gateway.kill()
+        one.kill()
+        two.kill()
 
 
 def test_external_fleet_whose_replicas_did_not_serve_the_requests_fails(tmp_path, run_inner) -> None:
