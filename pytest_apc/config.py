@@ -261,7 +261,16 @@ class Settings:
         ),
         "SHAPE",
     )
-    tokenizer: str = setting(_str, "", "Tokenizer for the benchmark client. Default: the model", "PATH")
+    tokenizer: str = setting(
+        _str,
+        "",
+        (
+            "Tokenizer for the benchmark client (a local path or a Hugging Face name). Default: the model. "
+            "Measuring servers run elsewhere (--apc-url-on and --apc-url-off, or --apc-fleet-url) needs only "
+            "this, not a model"
+        ),
+        "PATH",
+    )
     served_model_name: str = setting(
         _str,
         "apc-model",
@@ -565,6 +574,8 @@ class Settings:
             return model_path_for_display(self.model)
         if self.model_shape:
             return f"generated {self.model_shape}-shaped model (random weights)"
+        if self.profile == "gpu":
+            return f"served elsewhere (tokenizer {model_path_for_display(self.tokenizer)})"
         return "generated tiny model"
 
     def scaled(self, tokens: int) -> int:
@@ -664,10 +675,11 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
         if env.get("MODEL_70B"):
             values["model"] = env["MODEL_70B"]
             sources["model"] = "environment variable MODEL_70B"
-        else:
+        elif not (values["tokenizer"] and measures_elsewhere(values)):
             raise SettingError(
-                "No model for --gpu-node: set --apc-model PATH, PYTEST_APC_MODEL, ini apc_model or $MODEL_70B "
-                "(or --apc-model-shape for random weights)"
+                "No model for --gpu-node: launching servers needs --apc-model PATH (PYTEST_APC_MODEL, ini apc_model "
+                "or $MODEL_70B) or --apc-model-shape for random weights; measuring servers run elsewhere "
+                "(--apc-url-on and --apc-url-off, or --apc-fleet-url) needs only --apc-tokenizer for the benchmark"
             )
     if not values["connect_host"]:
         values["connect_host"] = connect_address(values["host"])
@@ -681,6 +693,13 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
     _check_lengths(settings)
     _check_fleet(settings)
     return settings
+
+
+def measures_elsewhere(values: dict[str, Any]) -> bool:
+    """Whether servers run elsewhere are given: both single servers, or a fleet. Tests that still need a
+    launched server (hash algorithms, fleets without --apc-fleet-url, A-F without both URLs) fail their
+    runs naming the missing model."""
+    return bool(values["url_on"] and values["url_off"]) or bool(values["fleet_url"])
 
 
 def connect_address(bind_host: str) -> str:

@@ -199,6 +199,11 @@ def launched_server(
     env_extra: dict[str, str] | None = None,
 ) -> LaunchedServer:
     """One vLLM server of ``mode`` that pytest-apc starts (alone, as a data-parallel server or a replica)."""
+    if not model:
+        raise ServerError(
+            f"no model to launch the {mode.name} server with: --apc-tokenizer alone measures servers run elsewhere "
+            "(--apc-url-on and --apc-url-off, --apc-fleet-url); give --apc-model (or --apc-model-shape) to launch"
+        )
     env = {**server_env(settings.profile or "", settings.api_key), **(env_extra or {})}
 
     def command(port: int) -> list[str]:

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -343,6 +344,28 @@ def test_external_servers_serve_the_name_they_list_when_none_is_given(suite, run
         off.kill()
 
 
+def test_gpu_node_measures_servers_run_elsewhere_with_a_tokenizer_alone(suite, run_inner) -> None:
+    """--gpu-node without a model: nothing is launched, and the benchmark loads the tokenizer it is given."""
+    from pytest_apc.tinymodel import ensure_tiny_model
+
+    tokenizer = str(ensure_tiny_model())
+    on, on_url = _start_fake(suite, "--enable-prefix-caching")
+    off, off_url = _start_fake(suite, "--no-enable-prefix-caching")
+    try:
+        args = [arg.replace("--cpu-node", "--gpu-node") for arg in fake_args()]
+        inner = run_inner(
+            *args, f"--apc-tokenizer={tokenizer}", f"--apc-url-on={on_url}", f"--apc-url-off={off_url}", "-m", "apc",
+            env={"MODEL_70B": ""},  # -m apc: nothing to launch, so no GPU node lock
+        )  # fmt: skip
+        assert inner.ret == 0, inner.output[-3000:]
+        data = json.loads(next(suite.glob("apc-results/*/results.json")).read_text())
+        assert data["server_launches"] == {}
+        assert data["model"] == f"served elsewhere (tokenizer {Path(tokenizer).name})"
+    finally:
+        on.kill()
+        off.kill()
+
+
 def only_d(tmp_path):
     """A suite of one test, on D alone: only the APC-on server is needed."""
     (tmp_path / "test_d.py").write_text(
@@ -499,6 +522,20 @@ def test_missing_xxhash_is_named_before_launching(pytester, tmp_path, monkeypatc
     assert "needs the Python package 'xxhash' for --prefix-caching-hash-algo xxhash_cbor" in message
     assert "pip install xxhash" in message
     assert missing_requirement(ServerMode(True, "sha256_cbor"), settings) is None
+
+
+def test_a_tokenizer_alone_launches_nothing_and_says_so(pytester, tmp_path) -> None:
+    """--gpu-node with a tokenizer and an external fleet: a test that would still launch a server (A-F
+    without --apc-url-on/off) fails its runs naming the missing model, before any command line is built."""
+    from pytest_apc import config as apc_config
+    from pytest_apc.cases import ServerMode
+    from pytest_apc.deployment import deployment_for
+    from pytest_apc.server import ServerError
+
+    fleet = ("--apc-fleet-url=http://gw:80", "--apc-metrics-url=http://r1:8000", "--apc-metrics-url=http://r2:8000")
+    settings = apc_config.resolve(pytester.parseconfig("--gpu-node", "--apc-tokenizer=/tok", *fleet), environ={})
+    with pytest.raises(ServerError, match="no model to launch the apc-on server with: --apc-tokenizer alone"):
+        deployment_for(ServerMode(True), settings, "", tmp_path, lambda message: None)
 
 
 def test_two_runs_on_one_node_do_not_collide(tmp_path, run_inner) -> None:
