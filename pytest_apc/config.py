@@ -340,6 +340,28 @@ class Settings:
         ),
         "KEY",
     )
+    replica_api_key: str = setting(
+        _str,
+        "",
+        (
+            "Fleet tests with --apc-fleet-url: the API key of the replicas (--apc-metrics-url), sent to their "
+            "/v1/models (and every other request the plugin sends them), where the gateway gets --apc-api-key. "
+            "Default: --apc-api-key. Redacted like it; prefer PYTEST_APC_REPLICA_API_KEY"
+        ),
+        "KEY",
+    )
+    ca_bundle: str = setting(
+        _str,
+        "",
+        (
+            "CA bundle (PEM) that verifies the TLS certificates of https:// servers signed by a private CA: used "
+            "by every request of the plugin, and given to the benchmark client as SSL_CERT_FILE and "
+            "REQUESTS_CA_BUNDLE (vLLM's benchmark sends with aiohttp, which reads SSL_CERT_FILE). It replaces the "
+            "default bundle, so it must also hold the public CAs of any host the benchmark reaches over https "
+            "(the Hugging Face Hub for a tokenizer by name)"
+        ),
+        "PATH",
+    )
     kv_check: str = setting(
         _one_of("warn", "fail"),
         "warn",
@@ -681,6 +703,8 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
                 "or $MODEL_70B) or --apc-model-shape for random weights; measuring servers run elsewhere "
                 "(--apc-url-on and --apc-url-off, or --apc-fleet-url) needs only --apc-tokenizer for the benchmark"
             )
+    if values["ca_bundle"] and not Path(values["ca_bundle"]).is_file():
+        raise SettingError(f"Invalid apc_ca_bundle {values['ca_bundle']!r} from {sources['ca_bundle']}: no such file")
     if not values["connect_host"]:
         values["connect_host"] = connect_address(values["host"])
         sources["connect_host"] = "derived from apc_host"

@@ -136,6 +136,7 @@ def deployment_for(
         startup_timeout=settings.startup_timeout,
         on_progress=progress,
         api_key=settings.api_key,
+        ca_bundle=settings.ca_bundle,
         min_model_len=need,
         min_model_len_why=why,
     )
@@ -149,11 +150,14 @@ def deployment_for(
         return replace(how, log_path=run_dir / f"server-{mode.name}-r{index + 1}.log")
 
     if mode.fleet == EXTERNAL_FLEET:
+        # The replicas' own credential: the gateway's key need not open a pod's /v1/models.
+        key = ("--apc-replica-api-key", settings.replica_api_key) if settings.replica_api_key else None
+        pods = replace(elsewhere, api_key=key[1], key_option=key[0]) if key else elsewhere
         replicas: list[Endpoint] = [
-            ExternalServer(mode, replace(elsewhere, log_path=replica(i).log_path), url)
+            ExternalServer(mode, replace(pods, log_path=replica(i).log_path), url)
             for i, url in enumerate(settings.metrics_url)
         ]
-        gateway = http_session(settings.api_key)
+        gateway = http_session(settings.api_key, settings.ca_bundle)
         return Fleet(
             mode, replicas, url=settings.fleet_url, log_path=replicas[0].log_path, progress=progress, gateway=gateway
         )

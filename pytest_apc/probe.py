@@ -36,7 +36,7 @@ def get(http: requests.Session, url: str, timeout: float = TIMEOUT_S) -> request
     try:
         return http.get(url, timeout=timeout)
     except requests.exceptions.SSLError as err:
-        return Answer(f"TLS failed ({_reason(err)})", True)
+        return Answer(f"TLS failed ({_reason(err)}); a private CA needs --apc-ca-bundle", True)
     except requests.Timeout:
         return Answer(f"no answer within {timeout:g} s", False)
     except requests.ConnectionError as err:

@@ -218,9 +218,23 @@ def tail(path: Path, lines: int = 40) -> str:
     return redact("\n".join(text.splitlines()[-lines:]))
 
 
-def http_session(api_key: str) -> requests.Session:
-    """An HTTP client of the plugin: the API key as a bearer token."""
-    http = requests.Session()
+class Client(requests.Session):
+    """requests' Session whose own CA bundle wins: requests lets REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE in the
+    environment override ``Session.verify``, and many machines set them to the system bundle."""
+
+    def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
+        merged = super().merge_environment_settings(url, proxies, stream, verify, cert)
+        if isinstance(self.verify, str):
+            merged["verify"] = self.verify
+        return merged
+
+
+def http_session(api_key: str, ca_bundle: str) -> requests.Session:
+    """An HTTP client of the plugin: the API key as a bearer token; TLS verified with ``ca_bundle`` (a
+    private CA's bundle) when one is given, else with the default bundle."""
+    http = Client()
+    if ca_bundle:
+        http.verify = ca_bundle
     if api_key:
         http.headers["Authorization"] = f"Bearer {api_key}"
     return http
@@ -230,13 +244,16 @@ def http_session(api_key: str) -> requests.Session:
 class Reach:
     """How pytest-apc talks to a server, whichever kind: the model name it serves ("": the one its
     /v1/models lists), where its log goes, how long it may take to become ready, where progress lines go,
-    the API key, and the context its runs need (a server with a shorter ``max_model_len`` is refused at readiness)."""
+    the API key (and the option that gives it), the CA bundle that verifies its TLS certificate, and the
+    context its runs need (a server with a shorter ``max_model_len`` is refused at readiness)."""
 
     served_model_name: str
     log_path: Path
     startup_timeout: float
     on_progress: Callable[[str], None] = field(default=lambda message: None)
     api_key: str = ""
+    key_option: str = "--apc-api-key"
+    ca_bundle: str = ""
     min_model_len: int = 0
     min_model_len_why: str = ""  # how min_model_len adds up, in words
 
@@ -263,7 +280,7 @@ class Endpoint:
         self._cancelled = threading.Event()  # set from another thread: stop waiting for readiness
 
     def _session(self) -> requests.Session:
-        return http_session(self.api_key)
+        return http_session(self.api_key, self.how.ca_bundle)
 
     # -- what each kind defines ---------------------------------------------------------------------------
 
@@ -698,7 +715,7 @@ class ExternalServer(Endpoint):
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.write_text(f"external server {self.url}: its log is wherever it runs\n")
         failure = probe.check(
-            self.http, self.url, probe.SERVER_PATHS, key_hint="--apc-api-key", cancelled=self._cancelled.is_set
+            self.http, self.url, probe.SERVER_PATHS, key_hint=self.how.key_option, cancelled=self._cancelled.is_set
         )
         if failure:
             raise ServerError(f"{self.mode.name} server (external, {self.url}) does not answer: {failure}")

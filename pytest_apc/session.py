@@ -219,6 +219,10 @@ class ApcSession:
             env = dict(os.environ)
             if self.settings.api_key:
                 env["OPENAI_API_KEY"] = self.settings.api_key  # vLLM's bench sends it as a bearer token
+            if self.settings.ca_bundle:
+                # aiohttp (the benchmark's requests) verifies with OpenSSL's default paths, which SSL_CERT_FILE
+                # sets; requests (a tokenizer download) reads REQUESTS_CA_BUNDLE.
+                env["SSL_CERT_FILE"] = env["REQUESTS_CA_BUNDLE"] = self.settings.ca_bundle
             self._bench = BenchRunner(self.run_dir / "bench-worker", env)
         return self._bench
 

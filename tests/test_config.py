@@ -115,6 +115,15 @@ def test_gpu_node_measuring_servers_run_elsewhere_needs_only_a_tokenizer(pyteste
             resolve(pytester, "--gpu-node", *args, env={})
 
 
+def test_the_replica_key_and_the_ca_bundle(pytester: pytest.Pytester, tmp_path) -> None:
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    settings = resolve(pytester, f"--apc-ca-bundle={bundle}", env={"PYTEST_APC_REPLICA_API_KEY": "k2"})
+    assert (settings.replica_api_key, settings.ca_bundle) == ("k2", str(bundle))
+    with pytest.raises(apc_config.SettingError, match=r"Invalid apc_ca_bundle '/nonexistent.pem' .*: no such file"):
+        resolve(pytester, "--apc-ca-bundle=/nonexistent.pem", env={})
+
+
 def test_server_args_repeatable_and_shell_quoted(pytester: pytest.Pytester) -> None:
     settings = resolve(pytester, "--apc-server-arg=--max-num-seqs", "--apc-server-arg=16")
     assert settings.server_arg == ("--max-num-seqs", "16")

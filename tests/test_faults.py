@@ -293,21 +293,23 @@ def test_interrupted_pytest_leaves_nothing(suite, run_inner, sig, phase, extra) 
     assert not inner.leftovers(), "interrupted run left processes behind"
 
 
-def _start_fake(tmp_path, *flags: str):
-    """A fake server started by the test itself, as a server run elsewhere would be."""
+def _start_fake(tmp_path, *flags: str, api_key: str = ""):
+    """A fake server started by the test itself, as a server run elsewhere would be (with ``api_key``, its
+    /v1 routes want it, as vLLM's with VLLM_API_KEY)."""
     import re
     import subprocess
     import sys
 
     log = tmp_path / f"external-{len(list(tmp_path.glob('external-*')))}.log"
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **({"VLLM_API_KEY": api_key} if api_key else {})}
     proc = subprocess.Popen(
         [sys.executable, str(FAKE_VLLM), "--model", "m", "--served-model-name", "apc-model", "--port", "0",
          "--max-model-len", "100000", *flags],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"},
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        found = re.search(r"Starting vLLM server on (http://\S+)", log.read_text(errors="replace"))
+        found = re.search(r"Starting vLLM server on (https?://\S+)", log.read_text(errors="replace"))
         if found:
             return proc, found.group(1)
         time.sleep(0.1)
@@ -421,6 +423,37 @@ def test_external_server_url_where_nothing_listens_fails_in_seconds(tmp_path, ru
         f"apc-on server (external, {dead}) does not answer: GET {dead}/health: connection refused (nothing listens "
         "there) (for 10 s; a server run elsewhere must be up already)"
     ) in inner.output
+
+
+def test_external_server_with_a_private_ca_needs_the_ca_bundle(tmp_path, run_inner) -> None:
+    """An https server whose certificate no public CA signed: without --apc-ca-bundle it fails in seconds
+    naming TLS and the option; with it the plugin's requests and the benchmark's (aiohttp, through
+    SSL_CERT_FILE) both verify it, and the run passes."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    suite = only_d(tmp_path)
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    on, on_url = _start_fake(suite, "--enable-prefix-caching", f"--fake-tls={cert},{key}")
+    try:
+        assert on_url.startswith("https://")
+        started = time.monotonic()
+        refused = run_inner(*fake_args(), f"--apc-url-on={on_url}", "--apc-startup-timeout=1800")
+        assert time.monotonic() - started < 30
+        assert refused.ret == 1
+        assert f"does not answer: GET {on_url}/health: TLS failed (" in refused.output
+        assert "a private CA needs --apc-ca-bundle" in refused.output
+        verified = run_inner(*fake_args(), f"--apc-url-on={on_url}", f"--apc-ca-bundle={cert}", "--apc-results-dir=ok")
+        assert verified.ret == 0, verified.output[-3000:]
+    finally:
+        on.kill()
 
 
 def test_external_servers_that_differ_beyond_apc_cannot_be_compared(tmp_path, run_inner) -> None:

@@ -180,6 +180,36 @@ def test_external_fleet_whose_gateway_lists_another_model_is_refused(tmp_path, r
         two.kill()
 
 
+def test_external_fleet_gets_the_replica_key_on_its_replicas_and_the_api_key_on_its_gateway(
+    tmp_path, run_inner
+) -> None:
+    """Gateway and replicas want different keys on /v1 (as vLLM's with VLLM_API_KEY): readiness reads every
+    replica's /v1/models with the replica key, the benchmark sends its requests to the gateway with the
+    API key. The gateway here is a fake server, not a router, so the replicas count none of the requests:
+    fleet_accounting fails on that, which it can only do once every key was accepted."""
+    gateway, gateway_url = _start_fake(tmp_path, api_key="gateway-key-1")
+    one, one_url = _start_fake(tmp_path, api_key="replica-key-2")
+    two, two_url = _start_fake(tmp_path, api_key="replica-key-2")
+    try:
+        inner = run_inner(
+            *fleet_args(), f"--apc-fleet-url={gateway_url}", f"--apc-metrics-url={one_url}",
+            f"--apc-metrics-url={two_url}", "--apc-api-key=gateway-key-1",
+            env={"PYTEST_APC_REPLICA_API_KEY": "replica-key-2"},
+        )  # fmt: skip
+        assert "HTTP 401" not in inner.output, inner.output[-3000:]
+        assert "FAILED test_fleet.py::test_fleet_accounting[R-c8-external]" in inner.output, inner.output[-3000:]
+        assert "the replicas finished 0 requests for the benchmark's 30" in inner.output
+        for key in ("gateway-key-1", "replica-key-2"):
+            assert key not in inner.output
+            for path in tmp_path.glob("apc-results/**/*"):
+                if path.is_file():
+                    assert key not in path.read_text(errors="replace"), path
+    finally:
+        gateway.kill()
+        one.kill()
+        two.kill()
+
+
 def test_external_fleet_whose_replicas_did_not_serve_the_requests_fails(tmp_path, run_inner) -> None:
     """--apc-metrics-url at servers the gateway does not route to: their counters saw none of the
     benchmark's requests, which the verdicts must not pass as a fleet with perfect locality."""
