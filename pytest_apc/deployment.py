@@ -137,13 +137,12 @@ def deployment_for(
         on_progress=progress,
         api_key=settings.api_key,
         ca_bundle=settings.ca_bundle,
-        min_model_len=need,
-        min_model_len_why=why,
     )
-    # A server run elsewhere serves the name it serves: without --apc-served-model-name, take it from it.
-    elsewhere = replace(
-        how, served_model_name=settings.served_model_name if given(settings, "served_model_name") else ""
-    )
+    # A server run elsewhere serves the name it serves (without --apc-served-model-name, take it from it),
+    # and its own context. Launched servers get the context max_model_len() gives them, and an explicit
+    # --apc-max-model-len is checked by config against the workload.
+    named = settings.served_model_name if given(settings, "served_model_name") else ""
+    elsewhere = replace(how, served_model_name=named, min_model_len=need, min_model_len_why=why)
 
     def replica(index: int) -> Reach:
         """A replica's own log, beside the others: server-<mode>-r<N>.log."""
@@ -151,8 +150,9 @@ def deployment_for(
 
     if mode.fleet == EXTERNAL_FLEET:
         # The replicas' own credential: the gateway's key need not open a pod's /v1/models.
-        key = ("--apc-replica-api-key", settings.replica_api_key) if settings.replica_api_key else None
-        pods = replace(elsewhere, api_key=key[1], key_option=key[0]) if key else elsewhere
+        pods = elsewhere
+        if settings.replica_api_key:
+            pods = replace(elsewhere, api_key=settings.replica_api_key, key_option="--apc-replica-api-key")
         replicas: list[Endpoint] = [
             ExternalServer(mode, replace(pods, log_path=replica(i).log_path), url)
             for i, url in enumerate(settings.metrics_url)

@@ -244,8 +244,8 @@ def http_session(api_key: str, ca_bundle: str) -> requests.Session:
 class Reach:
     """How pytest-apc talks to a server, whichever kind: the model name it serves ("": the one its
     /v1/models lists), where its log goes, how long it may take to become ready, where progress lines go,
-    the API key (and the option that gives it), the CA bundle that verifies its TLS certificate, and the
-    context its runs need (a server with a shorter ``max_model_len`` is refused at readiness)."""
+    the API key (and the option that gives it), the CA bundle that verifies its TLS certificate, and, for a
+    server run elsewhere, the context its runs need (a shorter ``max_model_len`` is refused at readiness)."""
 
     served_model_name: str
     log_path: Path
@@ -463,15 +463,10 @@ class Endpoint:
         have, need = self.info.max_model_len, self.how.min_model_len
         if not isinstance(have, int) or have >= need:
             return
-        fix = (
-            "raise --apc-max-model-len or remove a --max-model-len from --apc-server-arg"
-            if self.launched
-            else "restart it with --max-model-len "
-            f"{need} or more (on Kubernetes: the vLLM container's arguments of every pod)"
-        )
         raise ServerError(
             f"{self.mode.name} server {self.url} serves {self.served_model_name!r} with max_model_len {have}, "
-            f"but the longest request of its runs needs {need} tokens ({self.how.min_model_len_why}): {fix}, "
+            f"but the longest request of its runs needs {need} tokens ({self.how.min_model_len_why}): restart it "
+            f"with --max-model-len {need} or more (on Kubernetes: the vLLM container's arguments of every pod), "
             "or shorten the workload (--apc-length-scale, --apc-prefix-len, --apc-input-len, --apc-output-len)"
         )
 

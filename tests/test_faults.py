@@ -571,6 +571,23 @@ def test_a_tokenizer_alone_launches_nothing_and_says_so(pytester, tmp_path) -> N
         deployment_for(ServerMode(True), settings, "", tmp_path, lambda message: None)
 
 
+def test_only_servers_run_elsewhere_are_held_to_the_context_of_their_runs(pytester, tmp_path) -> None:
+    """A launched server gets its --max-model-len from the plugin (an explicit --apc-max-model-len is checked
+    by config): only a server run elsewhere is held to the longest request of its runs at readiness."""
+    from pytest_apc import config as apc_config
+    from pytest_apc.cases import RunKey, ServerMode
+    from pytest_apc.deployment import deployment_for
+
+    settings = apc_config.resolve(pytester.parseconfig("--cpu-node", "--apc-url-on=http://on:8000"), environ={})
+    on = deployment_for(ServerMode(True), settings, "/m", tmp_path, lambda message: None, [RunKey("D", 8)])
+    off = deployment_for(ServerMode(False), settings, "/m", tmp_path, lambda message: None, [RunKey("C", 8)])
+    assert (on.how.min_model_len, on.how.min_model_len_why) == (  # type: ignore[attr-defined]
+        2048 + 64 + 16 + 256,
+        "run D-c8: prompt 2112 + output 16 + 256 for the chat template",
+    )
+    assert off.how.min_model_len == 0  # type: ignore[attr-defined]
+
+
 def test_two_runs_on_one_node_do_not_collide(tmp_path, run_inner) -> None:
     """Two pytest runs at once on one machine (CPU profile): own ports, own run folders, own processes."""
     for name in ("a", "b"):
