@@ -73,7 +73,7 @@ def bench_args(
         "--backend", "openai-chat",
         "--endpoint", "/v1/chat/completions",
         "--base-url", base_url,
-        "--model", model,
+        "--model", model or tokenizer,  # servers run elsewhere: the tokenizer stands for the model
         "--tokenizer", tokenizer or model,
         "--served-model-name", served_model_name,
         *workload.dataset_args(),

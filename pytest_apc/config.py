@@ -267,9 +267,24 @@ class Settings:
         ),
         "SHAPE",
     )
-    tokenizer: str = setting(_str, "", "Tokenizer for the benchmark client. Default: the model", "PATH")
+    tokenizer: str = setting(
+        _str,
+        "",
+        (
+            "Tokenizer for the benchmark client (a local path or a Hugging Face name). Default: the model. "
+            "Measuring servers run elsewhere (--apc-url-on and --apc-url-off, or --apc-fleet-url) needs only "
+            "this, not a model"
+        ),
+        "PATH",
+    )
     served_model_name: str = setting(
-        _str, "apc-model", "Model name the servers expose and the benchmark requests", "NAME"
+        _str,
+        "apc-model",
+        (
+            "Model name the launched servers expose and the benchmark requests. Servers run elsewhere must "
+            "serve it; unset, the name their /v1/models lists is taken"
+        ),
+        "NAME",
     )
     tensor_parallel_size: int = setting(
         _non_negative_int, 0, "Tensor-parallel size of the GPU servers. 0: the number of visible GPUs", "N", cpu=1
@@ -330,6 +345,28 @@ class Settings:
             "Prefer PYTEST_APC_API_KEY: a command-line value is visible to other users in ps"
         ),
         "KEY",
+    )
+    replica_api_key: str = setting(
+        _str,
+        "",
+        (
+            "Fleet tests with --apc-fleet-url: the API key of the replicas (--apc-metrics-url), sent to their "
+            "/v1/models (and every other request the plugin sends them), where the gateway gets --apc-api-key. "
+            "Default: --apc-api-key. Redacted like it; prefer PYTEST_APC_REPLICA_API_KEY"
+        ),
+        "KEY",
+    )
+    ca_bundle: str = setting(
+        _str,
+        "",
+        (
+            "CA bundle (PEM) that verifies the TLS certificates of https:// servers signed by a private CA: used "
+            "by every request of the plugin, and given to the benchmark client as SSL_CERT_FILE and "
+            "REQUESTS_CA_BUNDLE (vLLM's benchmark sends with aiohttp, which reads SSL_CERT_FILE). It replaces the "
+            "default bundle, so it must also hold the public CAs of any host the benchmark reaches over https "
+            "(the Hugging Face Hub for a tokenizer by name)"
+        ),
+        "PATH",
     )
     kv_check: str = setting(
         _one_of("warn", "fail"),
@@ -640,6 +677,8 @@ class Settings:
             return model_path_for_display(self.model)
         if self.model_shape:
             return f"generated {self.model_shape}-shaped model (random weights)"
+        if self.profile == "gpu":
+            return f"served elsewhere (tokenizer {model_path_for_display(self.tokenizer)})"
         return "generated tiny model"
 
     def scaled(self, tokens: int) -> int:
@@ -739,11 +778,14 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
         if env.get("MODEL_70B"):
             values["model"] = env["MODEL_70B"]
             sources["model"] = "environment variable MODEL_70B"
-        else:
+        elif not (values["tokenizer"] and measures_elsewhere(values)):
             raise SettingError(
-                "No model for --gpu-node: set --apc-model PATH, PYTEST_APC_MODEL, ini apc_model or $MODEL_70B "
-                "(or --apc-model-shape for random weights)"
+                "No model for --gpu-node: launching servers needs --apc-model PATH (PYTEST_APC_MODEL, ini apc_model "
+                "or $MODEL_70B) or --apc-model-shape for random weights; measuring servers run elsewhere "
+                "(--apc-url-on and --apc-url-off, or --apc-fleet-url) needs only --apc-tokenizer for the benchmark"
             )
+    if values["ca_bundle"] and not Path(values["ca_bundle"]).is_file():
+        raise SettingError(f"Invalid apc_ca_bundle {values['ca_bundle']!r} from {sources['ca_bundle']}: no such file")
     if not values["connect_host"]:
         values["connect_host"] = connect_address(values["host"])
         sources["connect_host"] = "derived from apc_host"
@@ -756,6 +798,13 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
     _check_lengths(settings)
     _check_fleet(settings)
     return settings
+
+
+def measures_elsewhere(values: dict[str, Any]) -> bool:
+    """Whether servers run elsewhere are given: both single servers, or a fleet. Tests that still need a
+    launched server (hash algorithms, fleets without --apc-fleet-url, A-F without both URLs) fail their
+    runs naming the missing model."""
+    return bool(values["url_on"] and values["url_off"]) or bool(values["fleet_url"])
 
 
 def connect_address(bind_host: str) -> str:

@@ -24,7 +24,7 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
@@ -34,6 +34,7 @@ from pytest_apc.cases import (
     DATA_PARALLEL,
     EXTERNAL_FLEET,
     FAMILY_MARKERS,
+    RunKey,
     ServerMode,
     Workload,
     ceil_div,
@@ -54,6 +55,7 @@ from pytest_apc.server import (
     build_command,
     cuda_visible_devices,
     gpu_memory_used_mib,
+    http_session,
     own_variables,
     server_env,
 )
@@ -73,6 +75,11 @@ class Deployment(Protocol):
     @property
     def url(self) -> str:
         """Where the benchmark sends its requests."""
+        ...
+
+    @property
+    def served_model_name(self) -> str:
+        """The model name the benchmark requests (a server run elsewhere: its own, unless one was given)."""
         ...
 
     def start(self) -> ServerInfo:
@@ -115,16 +122,28 @@ class Deployment(Protocol):
 
 
 def deployment_for(
-    mode: ServerMode, settings: Settings, model: str, run_dir: Path, progress: Callable[[str], None]
+    mode: ServerMode,
+    settings: Settings,
+    model: str,
+    run_dir: Path,
+    progress: Callable[[str], None],
+    keys: Sequence[RunKey] = (),
 ) -> Deployment:
-    """The deployment that serves ``mode`` under these settings."""
+    """The deployment that serves ``mode`` under these settings, for the runs ``keys``."""
+    need, why = context_needed(keys, settings)
     how = Reach(
         served_model_name=settings.served_model_name,
         log_path=run_dir / f"server-{mode.name}.log",
         startup_timeout=settings.startup_timeout,
         on_progress=progress,
         api_key=settings.api_key,
+        ca_bundle=settings.ca_bundle,
     )
+    # A server run elsewhere serves the name it serves (without --apc-served-model-name, take it from it),
+    # and its own context. Launched servers get the context max_model_len() gives them, and an explicit
+    # --apc-max-model-len is checked by config against the workload.
+    named = settings.served_model_name if given(settings, "served_model_name") else ""
+    elsewhere = replace(how, served_model_name=named, min_model_len=need, min_model_len_why=why)
 
     def replica(index: int) -> Reach:
         """A replica's own log, beside the others: server-<mode>-r<N>.log."""
@@ -145,11 +164,21 @@ def deployment_for(
         server.info.offload = sized.as_dict()
         return server
     if mode.fleet == EXTERNAL_FLEET:
-        replicas: list[Endpoint] = [ExternalServer(mode, replica(i), url) for i, url in enumerate(settings.metrics_url)]
-        return Fleet(mode, replicas, url=settings.fleet_url, log_path=replicas[0].log_path, progress=progress)
+        # The replicas' own credential: the gateway's key need not open a pod's /v1/models.
+        pods = elsewhere
+        if settings.replica_api_key:
+            pods = replace(elsewhere, api_key=settings.replica_api_key, key_option="--apc-replica-api-key")
+        replicas: list[Endpoint] = [
+            ExternalServer(mode, replace(pods, log_path=replica(i).log_path), url)
+            for i, url in enumerate(settings.metrics_url)
+        ]
+        gateway = http_session(settings.api_key, settings.ca_bundle)
+        return Fleet(
+            mode, replicas, url=settings.fleet_url, log_path=replicas[0].log_path, progress=progress, gateway=gateway
+        )
     url = external_url(mode, settings)
     if url:
-        return ExternalServer(mode, how, url)
+        return ExternalServer(mode, elsewhere, url)
     if mode.fleet == "router":
         gpus = replica_gpus(settings)
         replicas = [
@@ -190,6 +219,11 @@ def launched_server(
     model_len: int = 0,
 ) -> LaunchedServer:
     """One vLLM server of ``mode`` that pytest-apc starts (alone, as a data-parallel server or a replica)."""
+    if not model:
+        raise ServerError(
+            f"no model to launch the {mode.name} server with: --apc-tokenizer alone measures servers run elsewhere "
+            "(--apc-url-on and --apc-url-off, --apc-fleet-url); give --apc-model (or --apc-model-shape) to launch"
+        )
     env = {**server_env(settings.profile or "", settings.api_key), **(env_extra or {})}
 
     def command(port: int) -> list[str]:
@@ -305,6 +339,30 @@ def offload_sizes(settings: Settings, model: str) -> OffloadSizes:
     )
 
 
+def given(settings: Settings, name: str) -> bool:
+    """Whether the user set ``name`` (rather than its default applying)."""
+    return settings.sources.get(name, "default") != "default"
+
+
+def context_needed(keys: Sequence[RunKey], settings: Settings) -> tuple[int, str]:
+    """The context the longest request of ``keys`` needs: its prompt and output plus TEMPLATE_HEADROOM for
+    the chat template (the room launched servers get), and how that adds up, in words; (0, "") for none."""
+    if not keys:
+        return 0, ""
+    longest = max(keys, key=lambda key: request_tokens(workload_for(key.family, settings)))
+    workload = workload_for(longest.family, settings)
+    need = request_tokens(workload) + TEMPLATE_HEADROOM
+    return need, (
+        f"run {longest.id}: prompt {workload.prompt_len} + output {workload.output_len} + "
+        f"{TEMPLATE_HEADROOM} for the chat template"
+    )
+
+
+def request_tokens(workload: Workload) -> int:
+    """Prompt and output tokens of one request of ``workload`` (before the chat template)."""
+    return workload.prompt_len + workload.output_len
+
+
 def max_model_len(settings: Settings) -> int:
     """Room for the longest workload of any family (same on every server, whatever is selected)."""
     if settings.max_model_len:
@@ -314,8 +372,7 @@ def max_model_len(settings: Settings) -> int:
 
 def room_for(workload: Workload) -> int:
     """--max-model-len for one workload's requests and the chat template, in steps of the headroom."""
-    tokens = workload.prompt_len + workload.output_len + TEMPLATE_HEADROOM
-    return ceil_div(tokens, TEMPLATE_HEADROOM) * TEMPLATE_HEADROOM
+    return ceil_div(request_tokens(workload) + TEMPLATE_HEADROOM, TEMPLATE_HEADROOM) * TEMPLATE_HEADROOM
 
 
 def server_python(settings: Settings) -> str:

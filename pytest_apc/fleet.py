@@ -31,7 +31,7 @@ from pathlib import Path
 
 import requests
 
-from pytest_apc import metrics, procs
+from pytest_apc import metrics, probe, procs
 from pytest_apc.cases import ServerMode
 from pytest_apc.records import ServerInfo
 from pytest_apc.server import Endpoint, ServerError, free_port, tail
@@ -160,6 +160,7 @@ class Fleet:
         url: str = "",
         log_path: Path,
         progress: Callable[[str], None] = lambda message: None,
+        gateway: requests.Session | None = None,
     ) -> None:
         self.mode = mode
         self.replicas = list(replicas)
@@ -169,6 +170,7 @@ class Fleet:
         self.launched = any(r.launched for r in self.replicas)
         self.info = ServerInfo(mode=mode.name, command=[], url=url, log=str(log_path))
         self._progress = progress
+        self.gateway = gateway or requests.Session()  # how the external gateway is reached (key, CA bundle)
 
     @staticmethod
     def name(index: int) -> str:
@@ -177,6 +179,11 @@ class Fleet:
     @property
     def url(self) -> str:
         return self.router.url if self.router is not None else self._url
+
+    @property
+    def served_model_name(self) -> str:
+        """What the benchmark requests: the replicas' model (they are refused unless they serve one)."""
+        return self.replicas[0].served_model_name
 
     # -- start and stop -------------------------------------------------------------------------------------
 
@@ -187,6 +194,8 @@ class Fleet:
             if missing:
                 raise RouterError(missing)
         started = time.monotonic()
+        if self.router is None:
+            self._probe_gateway()
         with ThreadPoolExecutor(max_workers=len(self.replicas)) as pool:
             try:
                 outcomes = list(pool.map(self._start_one, range(len(self.replicas))))
@@ -202,12 +211,33 @@ class Fleet:
             self.stop()
             raise ServerError("\n".join(failed))
         self._require_alike()
+        if self.router is None:
+            self._require_gateway_serves()
         first = self.replicas[0].info
         self.info = ServerInfo(**{**asdict(first), "mode": self.mode.name, "url": self.url, "log": str(self.log_path)})
         self.info.members = [asdict(r.info) for r in self.replicas]
         self.info.startup_s = round(time.monotonic() - started, 3)
         self._progress(f"{self.mode.name}: {len(self.replicas)} replicas ready in {self.info.startup_s:.0f} s")
         return self.info
+
+    def _probe_gateway(self) -> None:
+        """The external gateway answers its model list in seconds, or the fleet fails naming what it answered."""
+        failure = probe.check(self.gateway, self._url, ("/v1/models",), key_hint="--apc-api-key")
+        if failure:
+            raise ServerError(f"the {self.mode.name} gateway (--apc-fleet-url {self._url}) does not answer: {failure}")
+
+    def _require_gateway_serves(self) -> None:
+        """The gateway routes by model name: it must list the one the replicas serve."""
+        with contextlib.suppress(requests.RequestException, ValueError, AttributeError):
+            listed = self.gateway.get(f"{self._url}/v1/models", timeout=probe.TIMEOUT_S).json()
+            ids = [entry.get("id") for entry in listed.get("data", [])]
+            if ids and self.served_model_name not in ids:
+                self.stop()
+                raise ServerError(
+                    f"the {self.mode.name} gateway (--apc-fleet-url {self._url}) serves {ids}, not "
+                    f"{self.served_model_name!r}, which its replicas serve: --apc-fleet-url and --apc-metrics-url "
+                    "point at different deployments, or --apc-served-model-name is not the name the gateway routes by"
+                )
 
     def _start_one(self, index: int) -> str:
         try:
@@ -228,6 +258,11 @@ class Fleet:
                         f"{self.name(index)} has {name}={other.cache_config.get(name)!r}, replica 1 "
                         f"{first.cache_config.get(name)!r}"
                     )
+            if self.replicas[0].served_model_name != replica.served_model_name:
+                problems.append(
+                    f"{self.name(index)} serves {replica.served_model_name!r}, replica 1 "
+                    f"{self.replicas[0].served_model_name!r}"
+                )
             if first.version != other.version:
                 problems.append(f"{self.name(index)} runs vLLM {other.version}, replica 1 {first.version}")
         if problems:

@@ -70,7 +70,7 @@ class Measurer:
             base_url=deployment.url,
             model=self.model,
             tokenizer=self.settings.tokenizer,
-            served_model_name=self.settings.served_model_name,
+            served_model_name=deployment.served_model_name,
             result_dir=self.bench_dir,
             result_filename=f"{name}.json",
         )

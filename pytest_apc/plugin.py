@@ -106,6 +106,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[SIGTERM_KEY] = previous
             signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     redaction.register(settings.api_key)
+    redaction.register(settings.replica_api_key)
     if settings.profile == "gpu" and not _is_worker(config) and deployment.may_launch(settings, config.option.markexpr):
         try:
             config.stash[NODE_LOCK_KEY] = procs.acquire_node_lock()

@@ -27,7 +27,7 @@ from urllib.parse import urlencode
 import psutil
 import requests
 
-from pytest_apc import metrics, procs
+from pytest_apc import metrics, probe, procs
 from pytest_apc.cases import ServerMode
 from pytest_apc.records import EXTERNAL, ServerInfo
 from pytest_apc.redaction import redact, redact_argv
@@ -231,16 +231,44 @@ def tail(path: Path, lines: int = 40) -> str:
     return redact("\n".join(text.splitlines()[-lines:]))
 
 
+class Client(requests.Session):
+    """requests' Session whose own CA bundle wins: requests lets REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE in the
+    environment override ``Session.verify``, and many machines set them to the system bundle."""
+
+    def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any) -> Any:
+        merged = super().merge_environment_settings(url, proxies, stream, verify, cert)
+        if isinstance(self.verify, str):
+            merged["verify"] = self.verify
+        return merged
+
+
+def http_session(api_key: str, ca_bundle: str) -> requests.Session:
+    """An HTTP client of the plugin: the API key as a bearer token; TLS verified with ``ca_bundle`` (a
+    private CA's bundle) when one is given, else with the default bundle."""
+    http = Client()
+    if ca_bundle:
+        http.verify = ca_bundle
+    if api_key:
+        http.headers["Authorization"] = f"Bearer {api_key}"
+    return http
+
+
 @dataclass(frozen=True)
 class Reach:
-    """How pytest-apc talks to a server, whichever kind: the model name it serves, where its log goes,
-    how long it may take to become ready, where progress lines go, and the API key."""
+    """How pytest-apc talks to a server, whichever kind: the model name it serves ("": the one its
+    /v1/models lists), where its log goes, how long it may take to become ready, where progress lines go,
+    the API key (and the option that gives it), the CA bundle that verifies its TLS certificate, and, for a
+    server run elsewhere, the context its runs need (a shorter ``max_model_len`` is refused at readiness)."""
 
     served_model_name: str
     log_path: Path
     startup_timeout: float
     on_progress: Callable[[str], None] = field(default=lambda message: None)
     api_key: str = ""
+    key_option: str = "--apc-api-key"
+    ca_bundle: str = ""
+    min_model_len: int = 0
+    min_model_len_why: str = ""  # how min_model_len adds up, in words
 
 
 class Endpoint:
@@ -256,6 +284,7 @@ class Endpoint:
         self.startup_timeout = how.startup_timeout
         self._progress = how.on_progress
         self.api_key = how.api_key
+        self.how = how
         self.info = ServerInfo(mode=mode.name, command=[], url="", log=str(how.log_path))
         self.reset_hint = ""  # what to add when /reset_prefix_cache is missing (how this server was started)
         self.http = self._session()
@@ -264,10 +293,7 @@ class Endpoint:
         self._cancelled = threading.Event()  # set from another thread: stop waiting for readiness
 
     def _session(self) -> requests.Session:
-        http = requests.Session()
-        if self.api_key:
-            http.headers["Authorization"] = f"Bearer {self.api_key}"
-        return http
+        return http_session(self.api_key, self.how.ca_bundle)
 
     # -- what each kind defines ---------------------------------------------------------------------------
 
@@ -346,8 +372,8 @@ class Endpoint:
             f"--- last lines of the server log ---\n{tail(self.log_path, lines)}"
         )
 
-    def _wait_ready(self, started: float) -> None:
-        deadline = started + self.startup_timeout
+    def _wait_ready(self, started: float, timeout: float, hint: str) -> None:
+        deadline = started + timeout
         waiting_for = "the process to listen (/health)"
         last_note = 0.0
         fatal_seen: float | None = None
@@ -366,10 +392,7 @@ class Endpoint:
                     fatal = self.fatal() or fatal
                     raise self._failure(f"will not become ready: {fatal.describe()}", lines=15)
             if time.monotonic() > deadline:
-                raise self._failure(
-                    f"was not ready after {self.startup_timeout:.0f} s (still waiting for {waiting_for}); "
-                    "raise --apc-startup-timeout if the model is just slow to load"
-                )
+                raise self._failure(f"was not ready after {timeout:.0f} s (still waiting for {waiting_for}); {hint}")
             now = time.monotonic()
             if now - last_note > 15:
                 last_note = now
@@ -402,6 +425,11 @@ class Endpoint:
             return "/health to return 200"
         models = self.http.get(f"{self.url}/v1/models", timeout=5).json()
         ids = [entry.get("id") for entry in models.get("data", [])]
+        if not self.served_model_name and len(ids) > 1:
+            raise self._failure(f"serves several models {ids}: name the one to measure with --apc-served-model-name")
+        if not self.served_model_name and ids:
+            self.served_model_name = ids[0]  # none was given: the one it serves
+            self._progress(f"{self.mode.name}: {self.url} serves {ids[0]!r}, which the benchmark requests")
         if ids and self.served_model_name not in ids:
             raise Incomplete(
                 f"serves {ids}, not {self.served_model_name!r}: the benchmark's requests would all fail "
@@ -413,6 +441,7 @@ class Endpoint:
         for entry in models["data"]:
             if entry.get("id") == self.served_model_name:
                 self.info.max_model_len = entry.get("max_model_len")
+        self._check_context()
         snapshot = self.scrape()
         config = snapshot.cache_config
         if not config:
@@ -441,6 +470,18 @@ class Endpoint:
             )
         self._record(config)
         return ""
+
+    def _check_context(self) -> None:
+        """A context shorter than the longest request of its runs: every such request would fail (HTTP 400)."""
+        have, need = self.info.max_model_len, self.how.min_model_len
+        if not isinstance(have, int) or have >= need:
+            return
+        raise ServerError(
+            f"{self.mode.name} server {self.url} serves {self.served_model_name!r} with max_model_len {have}, "
+            f"but the longest request of its runs needs {need} tokens ({self.how.min_model_len_why}): restart it "
+            f"with --max-model-len {need} or more (on Kubernetes: the vLLM container's arguments of every pod), "
+            "or shorten the workload (--apc-length-scale, --apc-prefix-len, --apc-input-len, --apc-output-len)"
+        )
 
     def _record(self, config: Mapping[str, str]) -> None:
         def as_int(name: str) -> int | None:
@@ -632,7 +673,9 @@ class LaunchedServer(Endpoint):
                         f"{self.mode.name} server could not be executed: {err}\ncommand: {self.command_line}"
                     ) from err
             try:
-                self._wait_ready(started)
+                self._wait_ready(
+                    started, self.startup_timeout, "raise --apc-startup-timeout if the model is just slow to load"
+                )
             except ServerError:
                 self.stop()
                 if attempt < 2 and not self._cancelled.is_set() and ADDRESS_IN_USE in tail(self.log_path, 30):
@@ -673,12 +716,22 @@ class ExternalServer(Endpoint):
             raise self._failure(f"(external, {self.url}) does not answer /health {doing}")
 
     def start(self) -> ServerInfo:
-        started = time.monotonic()
+        """Probe it (seconds, not --apc-startup-timeout: it is up already or it is the wrong URL), then
+        check it as a launched server is checked, within the same short grace."""
         self.info.command = [EXTERNAL, self.url]
         self.info.url = self.url
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.write_text(f"external server {self.url}: its log is wherever it runs\n")
-        self._wait_ready(started)
+        failure = probe.check(
+            self.http, self.url, probe.SERVER_PATHS, key_hint=self.how.key_option, cancelled=self._cancelled.is_set
+        )
+        if failure:
+            raise ServerError(f"{self.mode.name} server (external, {self.url}) does not answer: {failure}")
+        # It answers: what it still lacks (the model, the counters) gets the same short grace, from now.
+        grace = min(self.startup_timeout, probe.GRACE_S)
+        self._wait_ready(
+            time.monotonic(), grace, "check the URL: a server run elsewhere must be ready before pytest starts"
+        )
         return self.info
 
 

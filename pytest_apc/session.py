@@ -111,7 +111,7 @@ class ApcSession:
     def _start(self, mode: ServerMode, keys: list[RunKey]) -> Deployment | None:
         """A ready deployment for ``mode``, or None with every run of it failed (naming why)."""
         try:
-            deployment = deployment_for(mode, self.settings, self.model(), self.run_dir, self.progress)
+            deployment = deployment_for(mode, self.settings, self.model(), self.run_dir, self.progress, keys)
         except ServerError as err:
             self._fail_runs(keys, f"the {mode.name} deployment cannot be made: {err}")
             return None
@@ -239,6 +239,10 @@ class ApcSession:
             env = dict(os.environ)
             if self.settings.api_key:
                 env["OPENAI_API_KEY"] = self.settings.api_key  # vLLM's bench sends it as a bearer token
+            if self.settings.ca_bundle:
+                # aiohttp (the benchmark's requests) verifies with OpenSSL's default paths, which SSL_CERT_FILE
+                # sets; requests (a tokenizer download) reads REQUESTS_CA_BUNDLE.
+                env["SSL_CERT_FILE"] = env["REQUESTS_CA_BUNDLE"] = self.settings.ca_bundle
             self._bench = BenchRunner(self.run_dir / "bench-worker", env)
         return self._bench
 

@@ -63,6 +63,7 @@ Fault switches:
     --fake-model-tokenizer      tokenize message texts with --model's tokenizer.json, as the benchmark client
                                 does: the prefix the benchmark generates is then exactly its tokens, and hits
                                 match pytest-apc's prediction (the fake tokenizer's 4 characters per token do not)
+    --fake-tls CERT,KEY         serve https with this certificate and key (PEM files)
     --fake-if-log='TEXT ARGS'   (repeatable) when the path of the file this process's stdout goes to contains
                                 TEXT, ARGS are added to the command line: pytest-apc launches fleet replicas
                                 with one log each (server-<mode>-r<N>.log), so
@@ -524,6 +525,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for switch in ("fatal-on-start", "no-cache-config", "no-request-counter", "model-tokenizer", "tier-survives-reset"):
         p.add_argument(f"--fake-{switch}", action="store_true")
     p.add_argument("--fake-if-log", action="append", default=[], metavar="'TEXT ARGS'")
+    p.add_argument("--fake-tls", default="", metavar="CERT,KEY")
     argv = list(sys.argv[1:] if argv is None else argv)
     args, _unknown = p.parse_known_args(argv)
     extra: list[str] = []
@@ -617,7 +619,16 @@ def main(argv: list[str] | None = None) -> int:
         args.kv_offloading_size, args.fake_tier_survives_reset,
     )  # fmt: skip
     server = FakeServer((args.host, args.port), args, engine)
-    log(f"INFO Starting vLLM server on http://{args.host}:{server.server_address[1]}")
+    scheme = "http"
+    if args.fake_tls:  # as vLLM's --ssl-certfile/--ssl-keyfile: https on the same port
+        import ssl
+
+        cert, key = args.fake_tls.split(",")
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
+    log(f"INFO Starting vLLM server on {scheme}://{args.host}:{server.server_address[1]}")
     log("INFO:     Application startup complete.")
     try:
         server.serve_forever(poll_interval=0.1)

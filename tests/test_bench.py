@@ -90,3 +90,15 @@ def test_reproduce_command_is_runnable_module() -> None:
     command = bench.reproduce_command(["--num-prompts", "3"])
     assert "-m pytest_apc.bench --num-prompts 3" in command
     assert "vllm bench serve --num-prompts 3" in command
+
+
+def test_without_a_model_the_tokenizer_names_the_model() -> None:
+    """Servers run elsewhere measured with --apc-tokenizer alone: the benchmark's --model (its result's
+    model_id) is the tokenizer, never an empty word on the command line."""
+    argv = bench.bench_args(
+        WORKLOAD, D8, base_url="http://h:1", model="", tokenizer="org/tok", served_model_name="served",
+        result_dir=Path("/r"), result_filename="x.json",
+    )  # fmt: skip
+    assert argv[argv.index("--model") + 1] == "org/tok"
+    assert argv[argv.index("--tokenizer") + 1] == "org/tok"
+    assert argv[argv.index("--served-model-name") + 1] == "served"

@@ -98,6 +98,32 @@ def test_gpu_node_needs_a_model(pytester: pytest.Pytester) -> None:
     assert resolve(pytester, "--gpu-node", "--apc-model=/m", env={"MODEL_70B": "/x"}).model == "/m"
 
 
+@pytest.mark.parametrize(
+    "external",
+    [("--apc-url-on=http://on:8000", "--apc-url-off=http://off:8000"),
+     ("--apc-fleet-url=http://gw:80", "--apc-metrics-url=http://r1:8000", "--apc-metrics-url=http://r2:8000")],
+)  # fmt: skip
+def test_gpu_node_measuring_servers_run_elsewhere_needs_only_a_tokenizer(pytester: pytest.Pytester, external) -> None:
+    settings = resolve(pytester, "--gpu-node", "--apc-tokenizer=meta-llama/Llama-3.1-8B-Instruct", *external, env={})
+    assert (settings.model, settings.tokenizer) == ("", "meta-llama/Llama-3.1-8B-Instruct")
+    assert settings.model_label == "served elsewhere (tokenizer Llama-3.1-8B-Instruct)"
+    # Launching needs a model: a tokenizer with one external server, or none at all, is not enough.
+    for args in (("--apc-tokenizer=/tok", "--apc-url-on=http://on:8000"), external):
+        with pytest.raises(
+            apc_config.SettingError, match=r"launching servers needs --apc-model .* needs only --apc-tok"
+        ):
+            resolve(pytester, "--gpu-node", *args, env={})
+
+
+def test_the_replica_key_and_the_ca_bundle(pytester: pytest.Pytester, tmp_path) -> None:
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    settings = resolve(pytester, f"--apc-ca-bundle={bundle}", env={"PYTEST_APC_REPLICA_API_KEY": "k2"})
+    assert (settings.replica_api_key, settings.ca_bundle) == ("k2", str(bundle))
+    with pytest.raises(apc_config.SettingError, match=r"Invalid apc_ca_bundle '/nonexistent.pem' .*: no such file"):
+        resolve(pytester, "--apc-ca-bundle=/nonexistent.pem", env={})
+
+
 def test_server_args_repeatable_and_shell_quoted(pytester: pytest.Pytester) -> None:
     settings = resolve(pytester, "--apc-server-arg=--max-num-seqs", "--apc-server-arg=16")
     assert settings.server_arg == ("--max-num-seqs", "16")

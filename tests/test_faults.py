@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -292,21 +293,23 @@ def test_interrupted_pytest_leaves_nothing(suite, run_inner, sig, phase, extra) 
     assert not inner.leftovers(), "interrupted run left processes behind"
 
 
-def _start_fake(tmp_path, *flags: str):
-    """A fake server started by the test itself, as a server run elsewhere would be."""
+def _start_fake(tmp_path, *flags: str, api_key: str = ""):
+    """A fake server started by the test itself, as a server run elsewhere would be (with ``api_key``, its
+    /v1 routes want it, as vLLM's with VLLM_API_KEY)."""
     import re
     import subprocess
     import sys
 
     log = tmp_path / f"external-{len(list(tmp_path.glob('external-*')))}.log"
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **({"VLLM_API_KEY": api_key} if api_key else {})}
     proc = subprocess.Popen(
         [sys.executable, str(FAKE_VLLM), "--model", "m", "--served-model-name", "apc-model", "--port", "0",
          "--max-model-len", "100000", *flags],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"},
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        found = re.search(r"Starting vLLM server on (http://\S+)", log.read_text(errors="replace"))
+        found = re.search(r"Starting vLLM server on (https?://\S+)", log.read_text(errors="replace"))
         if found:
             return proc, found.group(1)
         time.sleep(0.1)
@@ -328,6 +331,129 @@ def test_external_servers_are_validated_and_never_stopped(suite, run_inner) -> N
     finally:
         on.kill()
         off.kill()
+
+
+def test_external_servers_serve_the_name_they_list_when_none_is_given(suite, run_inner) -> None:
+    """No --apc-served-model-name: the benchmark requests what the servers' /v1/models lists (the fake
+    answers 404 to any other name, so a run that passes requested it)."""
+    on, on_url = _start_fake(suite, "--enable-prefix-caching", "--served-model-name", "llama-8b")
+    off, off_url = _start_fake(suite, "--no-enable-prefix-caching", "--served-model-name", "llama-8b")
+    try:
+        inner = run_inner(*fake_args(), f"--apc-url-on={on_url}", f"--apc-url-off={off_url}")
+        assert inner.ret == 0, inner.output[-3000:]
+    finally:
+        on.kill()
+        off.kill()
+
+
+def test_gpu_node_measures_servers_run_elsewhere_with_a_tokenizer_alone(suite, run_inner) -> None:
+    """--gpu-node without a model: nothing is launched, and the benchmark loads the tokenizer it is given."""
+    from pytest_apc.tinymodel import ensure_tiny_model
+
+    tokenizer = str(ensure_tiny_model())
+    on, on_url = _start_fake(suite, "--enable-prefix-caching")
+    off, off_url = _start_fake(suite, "--no-enable-prefix-caching")
+    try:
+        args = [arg.replace("--cpu-node", "--gpu-node") for arg in fake_args()]
+        inner = run_inner(
+            *args, f"--apc-tokenizer={tokenizer}", f"--apc-url-on={on_url}", f"--apc-url-off={off_url}", "-m", "apc",
+            env={"MODEL_70B": ""},  # -m apc: nothing to launch, so no GPU node lock
+        )  # fmt: skip
+        assert inner.ret == 0, inner.output[-3000:]
+        data = json.loads(next(suite.glob("apc-results/*/results.json")).read_text())
+        assert data["server_launches"] == {}
+        assert data["model"] == f"served elsewhere (tokenizer {Path(tokenizer).name})"
+    finally:
+        on.kill()
+        off.kill()
+
+
+def only_d(tmp_path):
+    """A suite of one test, on D alone: only the APC-on server is needed."""
+    (tmp_path / "test_d.py").write_text(
+        "import pytest\n\n@pytest.mark.apc_cases('D')\ndef test_d(apc_run):\n    assert apc_run.repeats\n"
+    )
+    return tmp_path
+
+
+def test_external_server_without_the_named_model_fails_in_seconds_naming_what_it_serves(tmp_path, run_inner) -> None:
+    suite = only_d(tmp_path)
+    on, on_url = _start_fake(suite, "--enable-prefix-caching")
+    try:
+        started = time.monotonic()
+        inner = run_inner(
+            *fake_args(), f"--apc-url-on={on_url}", "--apc-served-model-name=llama-70b", "--apc-startup-timeout=1800",
+        )  # fmt: skip
+        assert time.monotonic() - started < 30
+        assert inner.ret == 1
+        assert "apc-on server answers but serves ['apc-model'], not 'llama-70b'" in inner.output
+    finally:
+        on.kill()
+
+
+def test_external_server_with_a_short_context_fails_in_seconds_with_both_numbers(tmp_path, run_inner) -> None:
+    """Case D scaled by 0.01: prompt 338 (prefix 328 + suffix 10) and output 3, plus 256 for the template."""
+    suite = only_d(tmp_path)
+    on, on_url = _start_fake(suite, "--enable-prefix-caching", "--max-model-len", "500")
+    try:
+        started = time.monotonic()
+        inner = run_inner(*fake_args(), f"--apc-url-on={on_url}", "--apc-startup-timeout=1800")
+        assert time.monotonic() - started < 30
+        assert inner.ret == 1
+        assert (
+            f"apc-on server {on_url} serves 'apc-model' with max_model_len 500, but the longest request of its runs "
+            "needs 597 tokens (run D-c8: prompt 338 + output 3 + 256 for the chat template): restart it with "
+            "--max-model-len 597 or more"
+        ) in inner.output
+        assert not list(suite.glob("apc-results/*/bench/*.json")), "measured on a server too short for its runs"
+    finally:
+        on.kill()
+
+
+def test_external_server_url_where_nothing_listens_fails_in_seconds(tmp_path, run_inner) -> None:
+    from tests.test_fleet_faults import _free_url
+
+    only_d(tmp_path)
+    dead = _free_url()
+    started = time.monotonic()
+    inner = run_inner(*fake_args(), f"--apc-url-on={dead}", "--apc-startup-timeout=1800")
+    assert time.monotonic() - started < 30
+    assert inner.ret == 1
+    assert (
+        f"apc-on server (external, {dead}) does not answer: GET {dead}/health: connection refused (nothing listens "
+        "there) (for 10 s; a server run elsewhere must be up already)"
+    ) in inner.output
+
+
+def test_external_server_with_a_private_ca_needs_the_ca_bundle(tmp_path, run_inner) -> None:
+    """An https server whose certificate no public CA signed: without --apc-ca-bundle it fails in seconds
+    naming TLS and the option; with it the plugin's requests and the benchmark's (aiohttp, through
+    SSL_CERT_FILE) both verify it, and the run passes."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    suite = only_d(tmp_path)
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    on, on_url = _start_fake(suite, "--enable-prefix-caching", f"--fake-tls={cert},{key}")
+    try:
+        assert on_url.startswith("https://")
+        started = time.monotonic()
+        refused = run_inner(*fake_args(), f"--apc-url-on={on_url}", "--apc-startup-timeout=1800")
+        assert time.monotonic() - started < 30
+        assert refused.ret == 1
+        assert f"does not answer: GET {on_url}/health: TLS failed (" in refused.output
+        assert "a private CA needs --apc-ca-bundle" in refused.output
+        verified = run_inner(*fake_args(), f"--apc-url-on={on_url}", f"--apc-ca-bundle={cert}", "--apc-results-dir=ok")
+        assert verified.ret == 0, verified.output[-3000:]
+    finally:
+        on.kill()
 
 
 def test_external_servers_that_differ_beyond_apc_cannot_be_compared(tmp_path, run_inner) -> None:
@@ -429,6 +555,37 @@ def test_missing_xxhash_is_named_before_launching(pytester, tmp_path, monkeypatc
     assert "needs the Python package 'xxhash' for --prefix-caching-hash-algo xxhash_cbor" in message
     assert "pip install xxhash" in message
     assert missing_requirement(ServerMode(True, "sha256_cbor"), settings) is None
+
+
+def test_a_tokenizer_alone_launches_nothing_and_says_so(pytester, tmp_path) -> None:
+    """--gpu-node with a tokenizer and an external fleet: a test that would still launch a server (A-F
+    without --apc-url-on/off) fails its runs naming the missing model, before any command line is built."""
+    from pytest_apc import config as apc_config
+    from pytest_apc.cases import ServerMode
+    from pytest_apc.deployment import deployment_for
+    from pytest_apc.server import ServerError
+
+    fleet = ("--apc-fleet-url=http://gw:80", "--apc-metrics-url=http://r1:8000", "--apc-metrics-url=http://r2:8000")
+    settings = apc_config.resolve(pytester.parseconfig("--gpu-node", "--apc-tokenizer=/tok", *fleet), environ={})
+    with pytest.raises(ServerError, match="no model to launch the apc-on server with: --apc-tokenizer alone"):
+        deployment_for(ServerMode(True), settings, "", tmp_path, lambda message: None)
+
+
+def test_only_servers_run_elsewhere_are_held_to_the_context_of_their_runs(pytester, tmp_path) -> None:
+    """A launched server gets its --max-model-len from the plugin (an explicit --apc-max-model-len is checked
+    by config): only a server run elsewhere is held to the longest request of its runs at readiness."""
+    from pytest_apc import config as apc_config
+    from pytest_apc.cases import RunKey, ServerMode
+    from pytest_apc.deployment import deployment_for
+
+    settings = apc_config.resolve(pytester.parseconfig("--cpu-node", "--apc-url-on=http://on:8000"), environ={})
+    on = deployment_for(ServerMode(True), settings, "/m", tmp_path, lambda message: None, [RunKey("D", 8)])
+    off = deployment_for(ServerMode(False), settings, "/m", tmp_path, lambda message: None, [RunKey("C", 8)])
+    assert (on.how.min_model_len, on.how.min_model_len_why) == (  # type: ignore[attr-defined]
+        2048 + 64 + 16 + 256,
+        "run D-c8: prompt 2112 + output 16 + 256 for the chat template",
+    )
+    assert off.how.min_model_len == 0  # type: ignore[attr-defined]
 
 
 def test_two_runs_on_one_node_do_not_collide(tmp_path, run_inner) -> None:

@@ -118,22 +118,98 @@ def test_external_fleet_with_a_replica_that_does_not_answer_fails_naming_it(tmp_
     replica, replica_url = _start_fake(tmp_path)
     dead_url = _free_url()
     try:
+        started = time.monotonic()
         inner = run_inner(
             *fleet_args(), f"--apc-fleet-url={gateway_url}", f"--apc-metrics-url={replica_url}",
-            f"--apc-metrics-url={dead_url}", "--apc-startup-timeout=4",
+            f"--apc-metrics-url={dead_url}", "--apc-startup-timeout=1800",
         )  # fmt: skip
+        assert time.monotonic() - started < 30  # not --apc-startup-timeout: it is up already or a wrong URL
         assert inner.ret == 1
         for test in ("test_fleet_accounting", "test_prefix_locality"):
             assert f"ERROR test_fleet.py::{test}[R-c8-external]" in inner.output
         assert "passed" not in inner.output.splitlines()[-1]
         assert "replica 2 of 2 could not start:" in inner.output
-        assert "was not ready after 4 s (still waiting for the process to listen (/health))" in inner.output
-        assert dead_url in inner.output
+        assert (
+            f"apc-on-fleet-external server (external, {dead_url}) does not answer: GET {dead_url}/health: "
+            "connection refused (nothing listens there) (for 10 s; a server run elsewhere must be up already)"
+        ) in inner.output
         assert gateway.poll() is None, "the plugin stopped a server it did not launch"
         assert replica.poll() is None, "the plugin stopped a server it did not launch"
     finally:
         gateway.kill()
         replica.kill()
+
+
+def test_external_fleet_whose_gateway_does_not_answer_fails_in_seconds_naming_it(tmp_path, run_inner) -> None:
+    one, one_url = _start_fake(tmp_path)
+    two, two_url = _start_fake(tmp_path)
+    dead_url = _free_url()
+    try:
+        started = time.monotonic()
+        inner = run_inner(
+            *fleet_args(), f"--apc-fleet-url={dead_url}", f"--apc-metrics-url={one_url}",
+            f"--apc-metrics-url={two_url}", "--apc-startup-timeout=1800",
+        )  # fmt: skip
+        assert time.monotonic() - started < 30
+        assert inner.ret == 1
+        assert (
+            f"the apc-on-fleet-external gateway (--apc-fleet-url {dead_url}) does not answer: "
+            f"GET {dead_url}/v1/models: connection refused"
+        ) in inner.output
+    finally:
+        one.kill()
+        two.kill()
+
+
+def test_external_fleet_whose_gateway_lists_another_model_is_refused(tmp_path, run_inner) -> None:
+    """The replicas serve apc-model, the gateway routes a model of another name: another deployment."""
+    gateway, gateway_url = _start_fake(tmp_path, "--served-model-name", "llama-70b")
+    one, one_url = _start_fake(tmp_path)
+    two, two_url = _start_fake(tmp_path)
+    try:
+        inner = run_inner(
+            *fleet_args(), f"--apc-fleet-url={gateway_url}", f"--apc-metrics-url={one_url}",
+            f"--apc-metrics-url={two_url}",
+        )  # fmt: skip
+        assert inner.ret == 1
+        assert (
+            f"the apc-on-fleet-external gateway (--apc-fleet-url {gateway_url}) serves ['llama-70b'], not "
+            "'apc-model', which its replicas serve"
+        ) in inner.output
+    finally:
+        gateway.kill()
+        one.kill()
+        two.kill()
+
+
+def test_external_fleet_gets_the_replica_key_on_its_replicas_and_the_api_key_on_its_gateway(
+    tmp_path, run_inner
+) -> None:
+    """Gateway and replicas want different keys on /v1 (as vLLM's with VLLM_API_KEY): readiness reads every
+    replica's /v1/models with the replica key, the benchmark sends its requests to the gateway with the
+    API key. The gateway here is a fake server, not a router, so the replicas count none of the requests:
+    fleet_accounting fails on that, which it can only do once every key was accepted."""
+    gateway, gateway_url = _start_fake(tmp_path, api_key="gateway-key-1")
+    one, one_url = _start_fake(tmp_path, api_key="replica-key-2")
+    two, two_url = _start_fake(tmp_path, api_key="replica-key-2")
+    try:
+        inner = run_inner(
+            *fleet_args(), f"--apc-fleet-url={gateway_url}", f"--apc-metrics-url={one_url}",
+            f"--apc-metrics-url={two_url}", "--apc-api-key=gateway-key-1",
+            env={"PYTEST_APC_REPLICA_API_KEY": "replica-key-2"},
+        )  # fmt: skip
+        assert "HTTP 401" not in inner.output, inner.output[-3000:]
+        assert "FAILED test_fleet.py::test_fleet_accounting[R-c8-external]" in inner.output, inner.output[-3000:]
+        assert "the replicas finished 0 requests for the benchmark's 30" in inner.output
+        for key in ("gateway-key-1", "replica-key-2"):
+            assert key not in inner.output
+            for path in tmp_path.glob("apc-results/**/*"):
+                if path.is_file():
+                    assert key not in path.read_text(errors="replace"), path
+    finally:
+        gateway.kill()
+        one.kill()
+        two.kill()
 
 
 def test_external_fleet_whose_replicas_did_not_serve_the_requests_fails(tmp_path, run_inner) -> None:
