@@ -33,8 +33,9 @@ import requests
 
 from pytest_apc import metrics, probe, procs
 from pytest_apc.cases import ServerMode
+from pytest_apc.logwatch import tail
 from pytest_apc.records import ServerInfo
-from pytest_apc.server import Endpoint, ServerError, free_port, tail
+from pytest_apc.server import Endpoint, ServerError, free_port
 
 # What replicas of one fleet must agree on to be measured as one (the cache_config_info labels).
 MUST_AGREE = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo")

@@ -13,7 +13,6 @@ import contextlib
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -29,108 +28,15 @@ import requests
 
 from pytest_apc import metrics, probe, procs
 from pytest_apc.cases import ServerMode
+from pytest_apc.gpus import gpu_memory_used_mib, wait_gpu_memory_released
+from pytest_apc.interface import Deployment
+from pytest_apc.logwatch import Fatal, LogWatch, tail
 from pytest_apc.records import EXTERNAL, ServerInfo
-from pytest_apc.redaction import redact, redact_argv
+from pytest_apc.redaction import redact_argv
 
 # The engine logs "CPU KV cache size: 4,194,304 tokens, ..." (or "GPU ...") once its KV cache is allocated.
 KV_CACHE_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens.*")
 ADDRESS_IN_USE = "Address already in use"
-
-# Log lines after which a vLLM server will never serve, whatever its API process still does. vLLM prefixes
-# what its engine and worker processes print with "(EngineCore... pid=N)" / "(Worker... pid=N)".
-FATAL_SIGNATURES = tuple(
-    re.compile(pattern)
-    for pattern in (
-        r"WorkerProc hit an exception",
-        r"Engine core initialization failed",
-        r"EngineCore encountered a fatal error",
-        r"CUDA error: ",
-        r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError: ",
-        r"NCCL error|ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclInvalidUsage",
-        r"^\((?:EngineCore|Worker|VllmWorker)[^)]*\).*Traceback \(most recent call last\)",
-    )
-)
-TRACEBACK = "Traceback (most recent call last)"
-# What the first fatal line most likely means, and what to do about it (docs/troubleshooting.md).
-KNOWN_FIXES = (
-    (
-        re.compile(r"illegal memory access|custom_all_reduce|all_reduce|symm_mem|multicast", re.I),
-        "a multi-GPU all-reduce crash: on hosts with NVLink multicast switched off, vLLM's custom all-reduce "
-        "and its all-reduce fusion fail in CUDA-graph capture; add --apc-server-arg=--disable-custom-all-reduce "
-        "--apc-server-arg=--compilation-config "
-        """--apc-server-arg='{"pass_config":{"fuse_allreduce_rms":false}}' (see docs/troubleshooting.md)""",
-    ),
-    (
-        re.compile(r"out of memory|OutOfMemoryError", re.I),
-        "out of memory: lower --gpu-memory-utilization or --apc-max-model-len (through --apc-server-arg), "
-        "or spread the model over more GPUs (--apc-tensor-parallel-size)",
-    ),
-    (
-        re.compile(r"nccl", re.I),
-        "NCCL failed: check the NCCL_* variables of the environment (NCCL_NVLS_ENABLE=0 where NVLink "
-        "multicast is off) and that every GPU of the tensor-parallel group is visible",
-    ),
-)
-
-
-@dataclass(frozen=True)
-class Fatal:
-    """Why a server will never serve (again): the first sign, with its traceback and a likely fix."""
-
-    reason: str
-    excerpt: str = ""  # the first error and its traceback, from the server log
-    line: int = 0  # 1-based line of the first fatal line in the log
-    fix: str = ""
-
-    def describe(self) -> str:
-        text = self.reason
-        if self.excerpt:
-            text += f"\n--- first error in the server log (line {self.line}) ---\n{self.excerpt}"
-        if self.fix:
-            text += f"\nlikely cause and fix: {self.fix}"
-        return text
-
-
-class LogWatch:
-    """Reads a server log as it grows and finds the first fatal line (read once: only new bytes each time)."""
-
-    EXCERPT_BEFORE = 100  # how far back the traceback of the first fatal line may start
-    EXCERPT_AFTER = 40
-
-    def __init__(self, path: Path, start: int = 0) -> None:
-        self.path = path
-        self.offset = start
-        self.lines: list[str] = []
-        self._partial = ""
-        self.first: int | None = None  # index of the first fatal line
-
-    def scan(self) -> Fatal | None:
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except OSError:
-            return self._found()
-        self.offset += len(data)
-        text = self._partial + data.decode("utf-8", errors="replace")
-        *complete, self._partial = text.split("\n")
-        start = len(self.lines)
-        self.lines += complete
-        if self.first is None:
-            for i in range(start, len(self.lines)):
-                if any(sig.search(self.lines[i]) for sig in FATAL_SIGNATURES):
-                    self.first = i
-                    break
-        return self._found()
-
-    def _found(self) -> Fatal | None:
-        if self.first is None:
-            return None
-        i, lines = self.first, self.lines
-        begin = next((j for j in range(i, max(-1, i - self.EXCERPT_BEFORE), -1) if TRACEBACK in lines[j]), i)
-        excerpt = redact("\n".join(lines[begin : max(i, begin) + self.EXCERPT_AFTER]))
-        fix = next((advice for pattern, advice in KNOWN_FIXES if pattern.search(excerpt)), "")
-        return Fatal(f"its log shows a fatal error: {lines[i].strip()[:300]}", excerpt, i + 1, fix)
 
 
 class ServerError(RuntimeError):
@@ -221,16 +127,6 @@ def build_command(
     return argv + list(extra)
 
 
-def tail(path: Path, lines: int = 40) -> str:
-    """The last lines of a log file, decoded leniently (vLLM logs can hold anything)."""
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        return f"<no log: {err}>"
-    text = data[-200_000:].decode("utf-8", errors="replace")
-    return redact("\n".join(text.splitlines()[-lines:]))
-
-
 class Client(requests.Session):
     """requests' Session whose own CA bundle wins: requests lets REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE in the
     environment override ``Session.verify``, and many machines set them to the system bundle."""
@@ -271,7 +167,7 @@ class Reach:
     min_model_len_why: str = ""  # how min_model_len adds up, in words
 
 
-class Endpoint:
+class Endpoint(Deployment):
     """A vLLM OpenAI server reached over HTTP, however it runs: readiness, prefix-cache reset, scrapes,
     waiting until idle, the chat header. The two kinds below add how it starts and stops."""
 
@@ -279,7 +175,7 @@ class Endpoint:
 
     def __init__(self, mode: ServerMode, how: Reach) -> None:
         self.mode = mode
-        self.served_model_name = how.served_model_name
+        self._served_model_name = how.served_model_name
         self.log_path = how.log_path
         self.startup_timeout = how.startup_timeout
         self._progress = how.on_progress
@@ -295,25 +191,19 @@ class Endpoint:
     def _session(self) -> requests.Session:
         return http_session(self.api_key, self.how.ca_bundle)
 
-    # -- what each kind defines ---------------------------------------------------------------------------
+    # -- what each kind defines: url, start, alive, check_alive (declared by Deployment) -------------------
 
     @property
-    def url(self) -> str:
-        raise NotImplementedError
+    def served_model_name(self) -> str:
+        return self._served_model_name
 
-    def start(self) -> ServerInfo:
-        """Start (or find) the server and wait until it is ready; raises ServerError."""
-        raise NotImplementedError
-
-    def alive(self) -> bool:
-        raise NotImplementedError
+    @served_model_name.setter
+    def served_model_name(self, name: str) -> None:
+        self._served_model_name = name
 
     def exit_code(self) -> int | None:
         """The exit code of a server process that has ended; None while it runs (or when not ours)."""
         return None
-
-    def check_alive(self, doing: str) -> None:
-        raise NotImplementedError
 
     def fatal(self) -> Fatal | None:
         """Why this server will never serve again though its API process may still answer (its log, its
@@ -733,39 +623,6 @@ class ExternalServer(Endpoint):
             time.monotonic(), grace, "check the URL: a server run elsewhere must be ready before pytest starts"
         )
         return self.info
-
-
-def cuda_visible_devices() -> list[str] | None:
-    """The GPUs CUDA_VISIBLE_DEVICES names (indices or UUIDs); None when it is unset or empty."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return [v.strip() for v in visible.split(",") if v.strip()] if visible else None
-
-
-def gpu_memory_used_mib() -> list[int] | None:
-    """Used memory per GPU from nvidia-smi, or None where there is none."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=30, check=True,
-        ).stdout  # fmt: skip
-    except (subprocess.SubprocessError, OSError):
-        return None
-    return [int(line.strip()) for line in out.splitlines() if line.strip().isdigit()]
-
-
-def wait_gpu_memory_released(baseline: list[int] | None, timeout: float = 120.0, slack_mib: int = 1024) -> float:
-    """Wait until every GPU is back within ``slack_mib`` of ``baseline``; return the seconds waited."""
-    started = time.monotonic()
-    if baseline is None:
-        return 0.0
-    while time.monotonic() - started < timeout:
-        now = gpu_memory_used_mib()
-        if now is None or all(u <= b + slack_mib for u, b in zip(now, baseline, strict=False)):
-            break
-        time.sleep(1.0)
-    return round(time.monotonic() - started, 3)
 
 
 def own_variables(env: Mapping[str, str]) -> list[str]:

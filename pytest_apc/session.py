@@ -23,11 +23,12 @@ from pytest_apc.bench import BenchError, BenchRunner
 from pytest_apc.cases import OFFLOAD_TIER, RunKey, ServerMode, workload_for
 from pytest_apc.config import Settings
 from pytest_apc.deployment import Deployment, deployment_for, missing_requirement, served_model
+from pytest_apc.logwatch import tail
 from pytest_apc.measure import Measurer
 from pytest_apc.offload import OffloadSizes
 from pytest_apc.plan import Plan
 from pytest_apc.records import Measured, MeasurementError, RunRecord, ServerInfo
-from pytest_apc.server import ServerError, tail
+from pytest_apc.server import ServerError
 from pytest_apc.store import RunStore
 
 # What makes one run fail without stopping the others on the same deployment.

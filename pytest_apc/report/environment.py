@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 import pytest_apc
+from pytest_apc.gpus import cuda_visible_devices
 from pytest_apc.records import EXTERNAL, ServerInfo
-from pytest_apc.server import cuda_visible_devices, flag_value
+from pytest_apc.server import flag_value
 
 # Server flags that set the layout and precision, with vLLM's short forms, and what they default to.
 LAYOUT_FLAGS = {

@@ -6,9 +6,9 @@ import shlex
 from pathlib import Path
 
 from pytest_apc.cases import RunKey
+from pytest_apc.logwatch import tail
 from pytest_apc.records import Measured
 from pytest_apc.redaction import redact
-from pytest_apc.server import tail
 
 FAILURE_LOG_LINES = 40
 
