@@ -100,7 +100,7 @@ def deployment_for(
         # vLLM refuses a GPU cache smaller than one request of --max-model-len: the offload case's own length.
         server = launched_server(
             mode, settings, model, how, tensor_parallel=tensor_parallel_size(settings), extra=sized.server_args(mode),
-            model_len=room_for(workload_for("offload", settings)),
+            model_len=room_for(request_tokens(workload_for("offload", settings))),
         )  # fmt: skip
         server.info.offload = sized.as_dict()
         return server
@@ -308,12 +308,13 @@ def max_model_len(settings: Settings) -> int:
     """Room for the longest workload of any family (same on every server, whatever is selected)."""
     if settings.max_model_len:
         return settings.max_model_len
-    return ceil_div(longest_request_tokens(settings) + TEMPLATE_HEADROOM, TEMPLATE_HEADROOM) * TEMPLATE_HEADROOM
+    return room_for(longest_request_tokens(settings))
 
 
-def room_for(workload: Workload) -> int:
-    """--max-model-len for one workload's requests and the chat template, in steps of the headroom."""
-    return ceil_div(request_tokens(workload) + TEMPLATE_HEADROOM, TEMPLATE_HEADROOM) * TEMPLATE_HEADROOM
+def room_for(tokens: int) -> int:
+    """--max-model-len for requests of ``tokens`` (prompt and output) and the chat template, in steps of the
+    headroom."""
+    return ceil_div(tokens + TEMPLATE_HEADROOM, TEMPLATE_HEADROOM) * TEMPLATE_HEADROOM
 
 
 def server_python(settings: Settings) -> str:

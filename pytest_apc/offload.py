@@ -52,6 +52,16 @@ class OffloadSizes:
     def tier_tokens(self) -> int:
         return int(self.tier_gib * GIB // self.kv_bytes_per_token)
 
+    @property
+    def tokens_short(self) -> int:
+        """How much of the working set the tier cannot hold (0 when it holds it all)."""
+        return max(0, self.working_set_tokens - self.tier_tokens)
+
+    @classmethod
+    def of(cls, recorded: dict[str, Any]) -> OffloadSizes:
+        """The sizes a server was launched with, from ``as_dict`` (``ServerInfo.offload``)."""
+        return cls(**{name: value for name, value in recorded.items() if name != "tier_tokens"})
+
     def as_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "tier_tokens": self.tier_tokens}
 
@@ -66,11 +76,10 @@ class OffloadSizes:
         """A tier too small for the working set (``tier``: the server has one), or a GPU cache that holds it
         (then nothing is evicted and the case measures nothing)."""
         found = []
-        if tier and self.tier_tokens < self.working_set_tokens:
-            short = self.working_set_tokens - self.tier_tokens
+        if tier and self.tokens_short:
             found.append(
                 f"the CPU tier of {self.tier_gib:g} GiB holds {self.tier_tokens:,} tokens at "
-                f"{self.kv_bytes_per_token:,} KV bytes per token, {short:,} short of the working set of "
+                f"{self.kv_bytes_per_token:,} KV bytes per token, {self.tokens_short:,} short of the working set of "
                 f"{self.working_set_tokens:,} (every prefix group and every request's own blocks): hits across "
                 "the tiers will fall short of the prediction"
             )
@@ -132,7 +141,7 @@ def sizes(
     """The sizes for ``workload`` (0: derived); ``header_room`` bounds the chat template's tokens."""
     block = int(flag_value(server_args, ("--block-size",)) or 16)
     per_token = kv_bytes_per_token(config, server_args)
-    request = ceil_div(header_room + workload.prompt_len + workload.output_len, block)
+    request = workload.kv_blocks_per_request(header_room, block)
     groups, n = workload.prefix_groups, workload.num_prompts
     own = ceil_div(workload.suffix_len + workload.output_len + block, block) * block  # the boundary block too
     working_set = groups * (header_room + workload.prefix_len) + n * own

@@ -210,7 +210,7 @@ class ApcSession:
         did not take the GPU cache size it was given, are warnings that say what the runs will show."""
         if not info.offload:
             return
-        sizes = OffloadSizes(**{k: v for k, v in info.offload.items() if k != "tier_tokens"})
+        sizes = OffloadSizes.of(info.offload)
         found = sizes.warnings(tier=info.mode.endswith(OFFLOAD_TIER))
         if info.num_gpu_blocks and info.num_gpu_blocks != sizes.gpu_blocks:
             found.append(

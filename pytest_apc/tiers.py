@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_apc.offload import OffloadSizes
 from pytest_apc.records import MeasurementError, RunRecord, tier_hits
 from pytest_apc.verdict import Pair, Verdict, overcount, repeat_numbers, window_text
 
@@ -88,11 +89,11 @@ def _run_verdict(name: str, run: RunRecord, lines: list[str], problems: list[str
 
 
 def _diagnose_short(run: RunRecord) -> str:
-    sizes = run.server.offload
-    if sizes and sizes.get("tier_tokens", 0) < sizes.get("working_set_tokens", 0):
+    sizes = OffloadSizes.of(run.server.offload) if run.server.offload else None
+    if sizes is not None and sizes.tokens_short:
         return (
-            f"the CPU tier holds {sizes['tier_tokens']:,} tokens, less than the working set of "
-            f"{sizes['working_set_tokens']:,}: it evicted prefixes before they were asked for again"
+            f"the CPU tier holds {sizes.tier_tokens:,} tokens, less than the working set of "
+            f"{sizes.working_set_tokens:,}: it evicted prefixes before they were asked for again"
         )
     return (
         "blocks the GPU cache evicted were neither in the tier nor computed into it in time: check the "
