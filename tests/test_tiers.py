@@ -176,8 +176,15 @@ def test_the_re_queue_over_count_is_named_not_blamed_on_apc() -> None:
 OFFLOAD_SUITE = Path(__file__).parent.parent / "tests_apc" / "test_offload.py"
 
 
-def offload_run(pytester: pytest.Pytester, *extra: str) -> tuple[pytest.RunResult, dict]:
+def offload_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *extra: str
+) -> tuple[pytest.RunResult, dict]:
     pytester.makepyfile(test_offload=OFFLOAD_SUITE.read_text())
+    # --gpu-node takes the node's GPU lock in the temp folder: a folder of its own, so that another test's
+    # --gpu-node run on a parallel worker is not refused while this one holds it.
+    own_tmp = pytester.path / "tmp"
+    own_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(own_tmp))
     # A subprocess: the generated model's tokenizer imports torch, which cannot be imported twice in one process.
     result = pytester.runpytest_subprocess(
         "--gpu-node", "--apc-model-shape=llama-3.1-8b",
@@ -189,10 +196,10 @@ def offload_run(pytester: pytest.Pytester, *extra: str) -> tuple[pytest.RunResul
     return result, json.loads(path.read_text())
 
 
-def test_hits_across_tiers_through_fake_servers(pytester: pytest.Pytester) -> None:
+def test_hits_across_tiers_through_fake_servers(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """The plugin launches both servers with the sizes it derives, and the accounting holds end to end; the
     fake's GPU cache is a plain LRU, not vLLM's block pool, and the eviction verdict says so."""
-    result, doc = offload_run(pytester)
+    result, doc = offload_run(pytester, monkeypatch)
     result.assert_outcomes(passed=2, failed=2, deselected=2)
     result.stdout.fnmatch_lines(["*N-c1: GPU-cache hits*replay of vLLM's block pool*", "*not the LRU order replayed*"])
     servers = {s["mode"]: s for s in doc["servers"]}
@@ -214,9 +221,16 @@ def test_hits_across_tiers_through_fake_servers(pytester: pytest.Pytester) -> No
     assert runs["N-c1"]["hits_all_tiers"] < runs["O-c1"]["hits_all_tiers"]  # the small cache evicted
 
 
-def test_a_tier_that_keeps_its_prefixes_through_the_reset_fails_by_name(pytester: pytest.Pytester) -> None:
+def test_a_tier_that_keeps_its_prefixes_through_the_reset_fails_by_name(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     result, _ = offload_run(
-        pytester, "--apc-server-arg=--fake-tier-survives-reset", "--apc-offload-tier-gib=0.001", "-k", "across_tiers"
+        pytester,
+        monkeypatch,
+        "--apc-server-arg=--fake-tier-survives-reset",
+        "--apc-offload-tier-gib=0.001",
+        "-k",
+        "across_tiers",
     )
     result.assert_outcomes(passed=1, failed=1, deselected=4)  # O-c1 ran first, on a tier nothing had filled yet
     result.stdout.fnmatch_lines(["*hits * exceed the prediction by *", "*diagnosis: prefixes survived the reset*"])
