@@ -87,7 +87,9 @@ class Measurer:
         if before is not None:
             try:
                 after = deployment.wait_idle()
-                delta, parts = metrics.delta(before, after), metrics.part_deltas(before, after)
+                # The parts first: a replica that restarted is named, not only the fleet's sum.
+                parts = metrics.part_deltas(before, after)
+                delta = metrics.delta(before, after)
             except metrics.MetricsError as err:
                 metrics_error = str(err)
         path = str(outcome.result_path)

@@ -39,6 +39,8 @@ GAUGES: dict[str, tuple[str, ...]] = {
     "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
 }
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+# prometheus_client's process collector: when it changes between two scrapes, the server restarted.
+PROCESS_START = "process_start_time_seconds"
 # The counters a verdict on cached tokens cannot do without.
 REQUIRED = ("prefix_cache_queries", "prefix_cache_hits")
 
@@ -154,8 +156,19 @@ class Delta:
         return data
 
 
-def delta(before: Snapshot, after: Snapshot) -> Delta:
-    """Counters after minus before; a counter absent from either scrape is None (never 0)."""
+def delta(before: Snapshot, after: Snapshot, where: str = "the server") -> Delta:
+    """Counters after minus before; a counter absent from either scrape is None (never 0).
+
+    Raises :class:`MetricsError` when ``where`` restarted between the scrapes (its process start time
+    changed, or a counter went backwards): its counters began again from zero, so the difference is not
+    what the run did."""
+    started = before.total(PROCESS_START), after.total(PROCESS_START)
+    if None not in started and started[0] != started[1]:
+        raise MetricsError(
+            f"{where} restarted during the run ({PROCESS_START} {started[0]:.0f} -> {started[1]:.0f}): its "
+            "counters began again from zero, so this run's cached tokens cannot be known; run it again once "
+            "the server stays up"
+        )
     names: dict[str, str] = {}
     values: dict[str, int | None] = {}
     for logical, candidates in COUNTER_NAMES.items():
@@ -170,6 +183,13 @@ def delta(before: Snapshot, after: Snapshot) -> Delta:
         values[logical] = None if a_val is None or b_val is None else round(a_val - b_val)
         if values[logical] is not None:
             names[logical] = f'{BY_SOURCE}{{source="{source}"}}'
+    backwards = {logical: value for logical, value in values.items() if value is not None and value < 0}
+    if backwards:
+        fell = ", ".join(f"{logical} by {-value:,}" for logical, value in backwards.items())
+        raise MetricsError(
+            f"counters of {where} went backwards during the run ({fell}): it restarted and began again from "
+            "zero, so this run's cached tokens cannot be known; run it again once the server stays up"
+        )
     return Delta(
         prefix_cache_queries=values["prefix_cache_queries"],
         prefix_cache_hits=values["prefix_cache_hits"],
@@ -185,4 +205,6 @@ def delta(before: Snapshot, after: Snapshot) -> Delta:
 
 def part_deltas(before: Snapshot, after: Snapshot) -> dict[str, Delta]:
     """The deltas of every part (engine or replica) present in both snapshots; {} for a single server."""
-    return {name: delta(part, after.parts[name]) for name, part in before.parts.items() if name in after.parts}
+    return {
+        name: delta(part, after.parts[name], where=name) for name, part in before.parts.items() if name in after.parts
+    }

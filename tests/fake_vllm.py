@@ -159,7 +159,7 @@ class Engine:
 
     def __init__(
         self, prefix_caching: bool, block_size: int, external_tier: bool = False, gpu_blocks: int = 0,
-        tier_gib: float = 0.0, tier_survives_reset: bool = False,
+        tier_gib: float = 0.0, tier_survives_reset: bool = False, restart_after: int | None = None,
     ) -> None:  # fmt: skip
         self.prefix_caching = prefix_caching
         self.block_size = block_size
@@ -175,11 +175,17 @@ class Engine:
         self.running = self.running_tokens = self.answered = self.received = 0
         self.hung = False  # every request hangs (--fake-hang-after-requests)
         self.dead = False  # chat completions hang (--fake-fatal-after-requests)
+        # --fake-restart-after-requests: after that many admitted requests the counters begin again from zero
+        # and the process start time moves on, as when a pod is restarted between two scrapes.
+        self.restart_after, self.admitted, self.start_time = restart_after, 0, 1.7e9
 
     def admit(self, tokens: list[int]) -> int:
         """Account a request's prompt; return the number of prefix-cache hit tokens."""
         n, bs = len(tokens), self.block_size
         with self.lock:
+            self.admitted += 1
+            if self.admitted - 1 == self.restart_after:
+                self.restart()
             self.prompt_tokens += n
             self.running += 1
             self.running_tokens += n
@@ -212,6 +218,15 @@ class Engine:
             self.by_source["external_kv_transfer"] += external
             self.by_source["local_compute"] += n - hit - external
             return hit + external
+
+    def restart(self) -> None:
+        """What a restarted server shows (the caller holds the lock): empty cache, counters from zero."""
+        log(f"(APIServer pid={PID}) INFO fake restart: counters begin again from zero")
+        self.blocks.clear()
+        self.queries = self.hits = self.prompt_tokens = self.generation_tokens = self.external = 0
+        self.by_source = dict.fromkeys(SOURCES, 0)
+        self.finished = dict.fromkeys(FINISH_REASONS, 0)
+        self.start_time += 60
 
     def finish(self, prompt_len: int, completion_tokens: int, reason: str = "length") -> None:
         with self.lock:
@@ -255,7 +270,11 @@ class Engine:
                 "external_prefix_cache_hits_total": [(lab, self.external)],  # with or without a connector
                 "request_success_total": finished,
             }
-        out: list[str] = []
+        out = [  # prometheus_client's process collector, as on vLLM's /metrics
+            "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
+            "# TYPE process_start_time_seconds gauge",
+            f"process_start_time_seconds {self.start_time}",
+        ]
         for metric, kind, doc in METRIC_FAMILIES:
             if metric == "request_success_total" and not request_counter:
                 continue
@@ -518,6 +537,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fake-engine-exit-after", type=float, default=None)
     p.add_argument("--fake-fatal-after-requests", type=int, default=None)
     p.add_argument("--fake-hang-after-requests", type=int, default=None)
+    p.add_argument("--fake-restart-after-requests", type=int, default=None)
     for switch in ("crash-on-start", "never-ready", "hang", "fail-requests", "garbage-metrics"):
         p.add_argument(f"--fake-{switch}", action="store_true")
     for switch in ("no-prefix-metrics", "wrong-mode", "ignore-sigterm", "log-noise", "no-tokenize", "external-tier"):
@@ -616,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     engine = Engine(
         args.enable_prefix_caching, args.block_size, args.fake_external_tier, args.num_gpu_blocks_override,
-        args.kv_offloading_size, args.fake_tier_survives_reset,
+        args.kv_offloading_size, args.fake_tier_survives_reset, args.fake_restart_after_requests,
     )  # fmt: skip
     server = FakeServer((args.host, args.port), args, engine)
     scheme = "http"

@@ -163,6 +163,15 @@ def test_missing_prefix_metrics_fail_the_server_at_once(suite, run_inner) -> Non
     assert "apc: last 40 lines of the apc-off server log" in failure
 
 
+def test_a_server_restarted_mid_run_is_named_not_counted(suite, run_inner) -> None:
+    """A restart between the scrapes around a run (a pod rescheduled, a supervisor's restart) begins the
+    counters again from zero: the run's cached tokens cannot be known, and the failure says why."""
+    inner = run_inner(*fake_args("--fake-restart-after-requests=1"), "-rA")
+    assert inner.ret == 1
+    assert "cannot verify the prefix cache of run C-c8: the server restarted during the run " in inner.output
+    assert "(process_start_time_seconds 1700000000 -> 1700000060)" in inner.output
+
+
 def test_missing_cache_config_fails_the_server_at_once(suite, run_inner) -> None:
     started = time.monotonic()
     inner = run_inner(*fake_args("--fake-no-cache-config"), "--apc-startup-timeout=300")

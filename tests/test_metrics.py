@@ -59,6 +59,38 @@ def test_delta_of_counters_and_sources() -> None:
     assert d.metric_names["prefix_cache_hits"] == "vllm:prefix_cache_hits_total"
 
 
+STARTED = "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {}\n"
+
+
+def test_a_restart_between_the_scrapes_is_named_not_counted() -> None:
+    """A restarted server's counters begin again from zero: after - before would be garbage (or negative)."""
+    before = metrics.parse(STARTED.format("1.7e+09") + BEFORE)
+    assert metrics.delta(before, metrics.parse(STARTED.format("1.7e+09") + AFTER)).prefix_cache_hits == 800
+    with pytest.raises(metrics.MetricsError, match=r"the server restarted during the run \(process_start_time_seconds "
+                       r"1700000000 -> 1700000060\)"):  # fmt: skip
+        metrics.delta(before, metrics.parse(STARTED.format("1.70000006e+09") + AFTER))
+
+
+def test_counters_that_went_backwards_are_a_restart_even_without_a_start_time() -> None:
+    with pytest.raises(metrics.MetricsError) as err:
+        metrics.delta(metrics.parse(AFTER), metrics.parse(BEFORE))
+    assert "counters of the server went backwards during the run (prefix_cache_queries by 1,500, " in str(err.value)
+    assert "it restarted" in str(err.value)
+
+
+def test_the_replica_that_restarted_is_named() -> None:
+    """In a fleet the sum over replicas can still rise while one replica began again from zero."""
+    up = metrics.parse(BEFORE)
+    before = metrics.merge({"replica 1": up, "replica 2": up})
+    after = metrics.merge(
+        {"replica 1": metrics.parse(AFTER), "replica 2": metrics.parse(BEFORE.replace("} 100.0", "} 0.0"))}
+    )
+    assert metrics.delta(before, after).prefix_cache_queries == 1400  # the sum alone would not tell
+    with pytest.raises(metrics.MetricsError) as err:
+        metrics.part_deltas(before, after)
+    assert "counters of replica 2 went backwards during the run (prefix_cache_queries by 100" in str(err.value)
+
+
 def test_older_gpu_prefixed_names_are_the_fallback() -> None:
     old_before = BEFORE.replace("vllm:prefix_cache_", "vllm:gpu_prefix_cache_")
     old_after = AFTER.replace("vllm:prefix_cache_", "vllm:gpu_prefix_cache_")
