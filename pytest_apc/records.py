@@ -32,6 +32,7 @@ class ServerInfo:
     command: list[str]
     url: str
     log: str
+    served_model_name: str = ""  # the name the benchmark requests: as given, else the one /v1/models lists
     block_size: int | None = None
     num_gpu_blocks: int | None = None
     kv_cache_size_tokens: int | None = None

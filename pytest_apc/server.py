@@ -175,13 +175,14 @@ class Endpoint(Deployment):
 
     def __init__(self, mode: ServerMode, how: Reach) -> None:
         self.mode = mode
-        self._served_model_name = how.served_model_name
         self.log_path = how.log_path
         self.startup_timeout = how.startup_timeout
         self._progress = how.on_progress
         self.api_key = how.api_key
         self.how = how
-        self.info = ServerInfo(mode=mode.name, command=[], url="", log=str(how.log_path))
+        self.info = ServerInfo(
+            mode=mode.name, command=[], url="", log=str(how.log_path), served_model_name=how.served_model_name
+        )
         self.reset_hint = ""  # what to add when /reset_prefix_cache is missing (how this server was started)
         self.http = self._session()
         self._health_checked = 0.0
@@ -195,11 +196,11 @@ class Endpoint(Deployment):
 
     @property
     def served_model_name(self) -> str:
-        return self._served_model_name
+        return self.info.served_model_name
 
     @served_model_name.setter
     def served_model_name(self, name: str) -> None:
-        self._served_model_name = name
+        self.info.served_model_name = name  # recorded: results.json says which name was measured
 
     def exit_code(self) -> int | None:
         """The exit code of a server process that has ended; None while it runs (or when not ours)."""

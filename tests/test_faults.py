@@ -350,6 +350,8 @@ def test_external_servers_serve_the_name_they_list_when_none_is_given(suite, run
     try:
         inner = run_inner(*fake_args(), f"--apc-url-on={on_url}", f"--apc-url-off={off_url}")
         assert inner.ret == 0, inner.output[-3000:]
+        data = json.loads(next(suite.glob("apc-results/*/results.json")).read_text())
+        assert [server["served_model_name"] for server in data["servers"]] == ["llama-8b", "llama-8b"]
     finally:
         on.kill()
         off.kill()
