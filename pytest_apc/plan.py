@@ -12,6 +12,7 @@ from typing import Any
 
 from pytest_apc.cases import CASE_FAMILY, DATA_PARALLEL, RunKey, ServerMode
 from pytest_apc.config import SPEC_BY_NAME, Settings
+from pytest_apc.redaction import redact
 
 
 @dataclass
@@ -32,7 +33,7 @@ class Plan:
 # Settings only the fleet case reads.
 FLEET_SETTINGS = (
     "replicas", "router_policies", "router_command", "router_arg", "data_parallel_size", "prefix_groups", "fleet_url",
-    "metrics_url", "route_label", "fleet_promise", "max_routing_cost",
+    "metrics_url", "replica_api_key", "route_label", "fleet_promise", "max_routing_cost",
 )  # fmt: skip
 # Settings only the offload cases read.
 OFFLOAD_SETTINGS = (
@@ -124,7 +125,7 @@ def unused_settings(
         if not is_explicit(source):
             continue
         value = getattr(settings, name)
-        head = f"{SPEC_BY_NAME[name].option} {_value_text(value)} ({source})"
+        head = redact(f"{SPEC_BY_NAME[name].option} {_value_text(value)} ({source})")  # a key is never printed
         if name in BASELINE_SETTINGS[1:] and not settings.baseline:
             messages.append(f"{head}: no --apc-baseline is given, so the gate does not run")
             continue

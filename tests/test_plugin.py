@@ -178,6 +178,17 @@ def test_the_gates_settings_are_unused_without_a_baseline_or_a_run_to_gate(apc_s
     ]
 
 
+def test_an_unused_replica_key_is_named_and_never_printed(
+    apc_suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTEST_APC_REPLICA_API_KEY", "s3cret-replica-key")
+    reprec = apc_suite.inline_run("--collect-only", "-m", "pure", "--cpu-node")
+    assert _session_warnings(reprec) == [
+        "--apc-replica-api-key *** (environment variable PYTEST_APC_REPLICA_API_KEY): no selected test measures a "
+        "fleet (case R, -m fleet) (they are marked fleet; -m 'pure' deselected them)"
+    ]
+
+
 def test_the_default_run_and_options_that_are_used_warn_of_nothing(apc_suite: pytest.Pytester) -> None:
     strict = ("-W", "error::pytest_apc.plugin.ApcUnusedOptionWarning")
     assert apc_suite.runpytest("--collect-only", "-q", "-m", "apc", "--cpu-node", *strict).ret == pytest.ExitCode.OK
