@@ -94,7 +94,7 @@ def median_variance(k: int) -> float:
 # 0.26.0, an 8B-shaped model) and on the 2-core CPU machine CI runs on.
 PROFILE_NOISE = {
     "gpu": Noise(within=0.028, between=0.024, source="the gpu profile's default (measured on one H200)"),
-    "cpu": Noise(within=0.324, between=0.162, source="the cpu profile's default (measured on a 2-core CPU machine)"),
+    "cpu": Noise(within=0.178, between=0.136, source="the cpu profile's default (measured on a 2-core CPU machine)"),
 }
 
 
