@@ -167,7 +167,7 @@ def delta(before: Snapshot, after: Snapshot, where: str = "the server") -> Delta
         raise MetricsError(
             f"{where} restarted during the run ({PROCESS_START} {started[0]:.0f} -> {started[1]:.0f}): its "
             "counters began again from zero, so this run's cached tokens cannot be known; run it again once "
-            "the server stays up"
+            "the server stays up (or, when the metrics URL is a load balancer, point it at one server)"
         )
     names: dict[str, str] = {}
     values: dict[str, int | None] = {}
