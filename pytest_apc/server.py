@@ -34,7 +34,7 @@ from pytest_apc.logwatch import Fatal, LogWatch, tail
 from pytest_apc.records import EXTERNAL, ServerInfo
 from pytest_apc.redaction import redact_argv
 
-# The engine logs "CPU KV cache size: 4,194,304 tokens, ..." (or "GPU ...") once its KV cache is allocated.
+# The engine logs "CPU KV cache size: 2,097,152 tokens, ..." (or "GPU ...") once its KV cache is allocated.
 KV_CACHE_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens.*")
 ADDRESS_IN_USE = "Address already in use"
 

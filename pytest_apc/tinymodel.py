@@ -23,6 +23,10 @@ from typing import Any
 
 # Bump when the generated files change in a way that matters to a server.
 TINY_MODEL_VERSION = 2
+# The shape models hold only the generated tokenizer and an architecture's config: their names follow those
+# (``_shape_digest``), not the tiny model's weights, so that a GPU baseline stays comparable when the CPU
+# model changes. Bump when their files change in a way that matters to a server.
+SHAPE_MODEL_VERSION = 2
 
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -91,6 +95,17 @@ def _spec_digest() -> str:
         "config": MODEL_CONFIG,
         "template": CHAT_TEMPLATE,
         "special": SPECIAL_TOKENS,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _shape_digest(shape: str) -> str:
+    spec = {
+        "version": SHAPE_MODEL_VERSION,
+        "config": {**LLAMA_31_COMMON, **SHAPES[shape]},
+        "template": CHAT_TEMPLATE,
+        "special": SPECIAL_TOKENS,
+        "tokenizer_max_length": MODEL_CONFIG["max_position_embeddings"],
     }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -198,7 +213,7 @@ def ensure_shape_model(shape: str, cache_dir: Path | None = None) -> Path:
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r} (known: {', '.join(SHAPES)})")
     tiny = ensure_tiny_model(cache_dir)
-    target = tiny.parent / f"{shape}-shape-v{TINY_MODEL_VERSION}-{_spec_digest()}"
+    target = tiny.parent / f"{shape}-shape-v{SHAPE_MODEL_VERSION}-{_shape_digest(shape)}"
     if (target / "config.json").is_file():
         return target
 

@@ -42,6 +42,16 @@ def test_shapes_have_the_architecture_and_no_weights(cache: Path, shape: str, la
     assert not list(folder.glob("*.safetensors"))
 
 
+def test_a_shape_models_name_does_not_follow_the_cpu_models_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU baseline made with a shape model stays comparable when only the CPU model's width changes, and
+    not when the shape's own config does."""
+    name = tinymodel._shape_digest("llama-3.1-8b")
+    monkeypatch.setitem(tinymodel.MODEL_CONFIG, "hidden_size", 512)
+    assert tinymodel._shape_digest("llama-3.1-8b") == name
+    monkeypatch.setitem(tinymodel.SHAPES, "llama-3.1-8b", {**tinymodel.SHAPES["llama-3.1-8b"], "num_hidden_layers": 16})
+    assert tinymodel._shape_digest("llama-3.1-8b") != name
+
+
 def test_unknown_shape() -> None:
     with pytest.raises(ValueError, match="unknown model shape 'gpt-5'"):
         tinymodel.ensure_shape_model("gpt-5")

@@ -44,7 +44,7 @@ COMPARED_SETTINGS = (
 )
 # Settings a results file of an older version may lack, and the value that version ran with.
 SETTINGS_BEFORE_THEY_EXISTED: dict[str, Any] = {"model_shape": ""}
-# The version the generated models' names encode: tiny-llama-v3-<digest>, llama-3.1-8b-shape-v1-<digest>.
+# The version the generated models' names encode: tiny-llama-v2-<digest>, llama-3.1-8b-shape-v2-<digest>.
 _GENERATED_VERSION = re.compile(r"^(?P<kind>.+)-v(?P<version>\d+)-[0-9a-f]+$")
 # Versions of the software under test: what a release gate compares, so a difference is named, not refused.
 VERSIONS = ("vllm", "torch")
