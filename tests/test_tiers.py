@@ -198,9 +198,11 @@ def offload_run(
 
 def test_hits_across_tiers_through_fake_servers(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """The plugin launches both servers with the sizes it derives, and the accounting holds end to end; the
-    fake's GPU cache is a plain LRU, not vLLM's block pool, and the eviction verdict says so."""
-    result, doc = offload_run(pytester, monkeypatch)
-    result.assert_outcomes(passed=2, failed=2, deselected=2)
+    fake's GPU cache is a plain LRU, not vLLM's block pool, and the eviction verdict says so. Concurrency 1
+    only: at 8 the fake's threads admit the requests in whatever order they arrive, so which hits come from
+    its GPU cache and which from its tier (all of them from the GPU, in one CI run) is not the plugin's doing."""
+    result, doc = offload_run(pytester, monkeypatch, "--apc-offload-concurrency=1")
+    result.assert_outcomes(passed=1, failed=2, deselected=1)
     result.stdout.fnmatch_lines(["*N-c1: GPU-cache hits*replay of vLLM's block pool*", "*not the LRU order replayed*"])
     servers = {s["mode"]: s for s in doc["servers"]}
     tier, small = servers["apc-on-offload-tier"], servers["apc-on-small-cache"]
@@ -210,7 +212,7 @@ def test_hits_across_tiers_through_fake_servers(pytester: pytest.Pytester, monke
     assert "--kv-offloading-size" not in small["command"]
     runs = {r["id"]: r for r in doc["runs"]}
     # One row per run in the offload table (not the OFF/ON pair table), in the file and on the terminal.
-    assert [row["id"] for row in doc["offload"]] == ["N-c1", "O-c1", "O-c8"]  # N-c8: only tier_pays_off uses it
+    assert [row["id"] for row in doc["offload"]] == ["N-c1", "O-c1"]
     assert not any(row["pair"] == "N/O" for row in doc["pairs"])
     result.stdout.fnmatch_lines(
         ["offload (cases N/O, 4 prefix groups)*", "case*GPU hits*tier hits*", "*O*1*CPU 1 GiB*"]
