@@ -165,7 +165,7 @@ def delta(before: Snapshot, after: Snapshot, where: str = "the server") -> Delta
     started = before.total(PROCESS_START), after.total(PROCESS_START)
     if None not in started and started[0] != started[1]:
         raise MetricsError(
-            f"{where} restarted during the run ({PROCESS_START} {started[0]:.0f} -> {started[1]:.0f}): its "
+            f"{where} restarted during the run ({PROCESS_START} {started[0]:.2f} -> {started[1]:.2f}): its "
             "counters began again from zero, so this run's cached tokens cannot be known; run it again once "
             "the server stays up (or, when the metrics URL is a load balancer, point it at one server)"
         )
@@ -187,8 +187,8 @@ def delta(before: Snapshot, after: Snapshot, where: str = "the server") -> Delta
     if backwards:
         fell = ", ".join(f"{logical} by {-value:,}" for logical, value in backwards.items())
         raise MetricsError(
-            f"counters of {where} went backwards during the run ({fell}): it restarted and began again from "
-            "zero, so this run's cached tokens cannot be known; run it again once the server stays up"
+            f"{where} restarted during the run (counters went backwards: {fell}): they began again from zero, "
+            "so this run's cached tokens cannot be known; run it again once the server stays up"
         )
     return Delta(
         prefix_cache_queries=values["prefix_cache_queries"],

@@ -169,7 +169,7 @@ def test_a_server_restarted_mid_run_is_named_not_counted(suite, run_inner) -> No
     inner = run_inner(*fake_args("--fake-restart-after-requests=1"), "-rA")
     assert inner.ret == 1
     assert "cannot verify the prefix cache of run C-c8: the server restarted during the run " in inner.output
-    assert "(process_start_time_seconds 1700000000 -> 1700000060)" in inner.output
+    assert "(process_start_time_seconds 1700000000.00 -> 1700000060.00)" in inner.output
 
 
 def test_missing_cache_config_fails_the_server_at_once(suite, run_inner) -> None:

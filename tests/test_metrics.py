@@ -67,15 +67,16 @@ def test_a_restart_between_the_scrapes_is_named_not_counted() -> None:
     before = metrics.parse(STARTED.format("1.7e+09") + BEFORE)
     assert metrics.delta(before, metrics.parse(STARTED.format("1.7e+09") + AFTER)).prefix_cache_hits == 800
     with pytest.raises(metrics.MetricsError, match=r"the server restarted during the run \(process_start_time_seconds "
-                       r"1700000000 -> 1700000060\)"):  # fmt: skip
+                       r"1700000000.00 -> 1700000060.00\)"):  # fmt: skip
         metrics.delta(before, metrics.parse(STARTED.format("1.70000006e+09") + AFTER))
 
 
 def test_counters_that_went_backwards_are_a_restart_even_without_a_start_time() -> None:
     with pytest.raises(metrics.MetricsError) as err:
         metrics.delta(metrics.parse(AFTER), metrics.parse(BEFORE))
-    assert "counters of the server went backwards during the run (prefix_cache_queries by 1,500, " in str(err.value)
-    assert "it restarted" in str(err.value)
+    assert "the server restarted during the run (counters went backwards: prefix_cache_queries by 1,500, " in str(
+        err.value
+    )
 
 
 def test_the_replica_that_restarted_is_named() -> None:
@@ -88,7 +89,7 @@ def test_the_replica_that_restarted_is_named() -> None:
     assert metrics.delta(before, after).prefix_cache_queries == 1400  # the sum alone would not tell
     with pytest.raises(metrics.MetricsError) as err:
         metrics.part_deltas(before, after)
-    assert "counters of replica 2 went backwards during the run (prefix_cache_queries by 100" in str(err.value)
+    assert "replica 2 restarted during the run (counters went backwards: prefix_cache_queries by 100" in str(err.value)
 
 
 def test_older_gpu_prefixed_names_are_the_fallback() -> None:
