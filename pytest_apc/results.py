@@ -16,8 +16,8 @@ from pytest_apc.config import Settings
 from pytest_apc.records import Measured
 from pytest_apc.redaction import redact
 
-SCHEMA_VERSION = 5
-SCHEMA_VERSIONS = (1, 2, 3, 4, 5)  # every version pytest-apc has written; readers accept each
+SCHEMA_VERSION = 6
+SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6)  # every version pytest-apc has written; readers accept each
 
 
 def document(settings: Settings, measured: Measured, model: str, started_at: str, elapsed_s: float) -> dict[str, Any]:
