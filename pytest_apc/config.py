@@ -504,8 +504,8 @@ class Settings:
         _positive_int,
         1,
         (
-            "Concurrency up to which E/F must show a significant TTFT gain (above it queueing dominates TTFT "
-            "and only the duration is held to not being slower)"
+            "Concurrency up to which E/F must show a significant TTFT gain (above it queueing dominates TTFT, so "
+            "the pair is held only to not being slower: median TTFT and duration within --apc-overhead-tolerance)"
         ),
         "N",
     )
