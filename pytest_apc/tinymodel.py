@@ -96,7 +96,7 @@ def _spec_digest() -> str:
         "template": CHAT_TEMPLATE,
         "special": SPECIAL_TOKENS,
     }
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    return _digest(spec)
 
 
 def _shape_digest(shape: str) -> str:
@@ -107,6 +107,11 @@ def _shape_digest(shape: str) -> str:
         "special": SPECIAL_TOKENS,
         "tokenizer_max_length": MODEL_CONFIG["max_position_embeddings"],
     }
+    return _digest(spec)
+
+
+def _digest(spec: dict[str, Any]) -> str:
+    """The short name part of a generated model's spec: equal specs, equal folders."""
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 

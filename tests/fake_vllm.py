@@ -168,10 +168,7 @@ class Engine:
         self.lock = threading.Lock()
         self.blocks: dict[int, None] = {}  # cached block hashes, least recently used first
         self.tier: set[int] = set()
-        self.external = 0
-        self.queries = self.hits = self.prompt_tokens = self.generation_tokens = 0
-        self.by_source = dict.fromkeys(SOURCES, 0)
-        self.finished = dict.fromkeys(FINISH_REASONS, 0)
+        self.zero_counters()
         self.running = self.running_tokens = self.answered = self.received = 0
         self.hung = False  # every request hangs (--fake-hang-after-requests)
         self.dead = False  # chat completions hang (--fake-fatal-after-requests)
@@ -223,10 +220,14 @@ class Engine:
         """What a restarted server shows (the caller holds the lock): empty cache, counters from zero."""
         log(f"(APIServer pid={PID}) INFO fake restart: counters begin again from zero")
         self.blocks.clear()
+        self.zero_counters()
+        self.start_time += 60
+
+    def zero_counters(self) -> None:
+        """The counters /metrics exports, as a process starts them."""
         self.queries = self.hits = self.prompt_tokens = self.generation_tokens = self.external = 0
         self.by_source = dict.fromkeys(SOURCES, 0)
         self.finished = dict.fromkeys(FINISH_REASONS, 0)
-        self.start_time += 60
 
     def finish(self, prompt_len: int, completion_tokens: int, reason: str = "length") -> None:
         with self.lock:
