@@ -533,8 +533,14 @@ class LaunchedServer(Endpoint):
             for child in psutil.Process(self.proc.pid).children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     title = " ".join(child.cmdline())
-                    if child.pid not in self._engines and title.startswith(ENGINE_TITLES):
-                        self._engines[child.pid] = (child, title)
+                    if child.pid in self._engines or not title.startswith(ENGINE_TITLES):
+                        continue
+                    parent = child.parent()
+                    # A fork that carries its parent's title has not exec'd yet (a compiler subprocess,
+                    # which exits when done); an engine or worker is titled apart from its parent.
+                    if parent is not None and " ".join(parent.cmdline()) == title:
+                        continue
+                    self._engines[child.pid] = (child, title)
         for pid, (child, title) in self._engines.items():
             gone = True
             with contextlib.suppress(psutil.Error):

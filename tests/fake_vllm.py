@@ -55,6 +55,9 @@ Fault switches:
                                 traceback, "WorkerProc hit an exception", a CUDA error) and stay alive without
                                 ever listening, printing a line a second (the API process of a dead engine)
     --fake-engine-exit-after S  spawn a child titled "VLLM::EngineCore_DP0" that exits with code 1 after S s
+    --fake-engine-forks S       spawn a child titled "VLLM::EngineCore_DP0" that lives on and, for S s, keeps
+                                forking short-lived copies of itself (same title, as a compiler subprocess is
+                                between fork and exec) that exit with code 0
     --fake-no-cache-config      /metrics omits vllm:cache_config_info
     --fake-fatal-after-requests N  after N answered chat completions, print an engine traceback and "EngineCore
                                 encountered a fatal error"; later chat completions hang, /health stays 200
@@ -536,6 +539,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fake-reset", choices=["ok", "404", "false", "false-then-ok", "external-false"], default="ok")
     p.add_argument("--fake-children", type=int, default=0)
     p.add_argument("--fake-engine-exit-after", type=float, default=None)
+    p.add_argument("--fake-engine-forks", type=float, default=None)
     p.add_argument("--fake-fatal-after-requests", type=int, default=None)
     p.add_argument("--fake-hang-after-requests", type=int, default=None)
     p.add_argument("--fake-restart-after-requests", type=int, default=None)
@@ -620,6 +624,21 @@ def main(argv: list[str] | None = None) -> int:
         code = f"import time; time.sleep({args.fake_engine_exit_after}); raise SystemExit(1)"
         engine_proc = subprocess.Popen(["VLLM::EngineCore_DP0", "-c", code], executable=sys.executable)
         log(f"INFO fake engine pid={engine_proc.pid}")
+    if args.fake_engine_forks is not None:
+        code = (
+            "import os, time\n"
+            f"end = time.monotonic() + {args.fake_engine_forks}\n"
+            "while time.monotonic() < end:\n"
+            "    if os.fork() == 0:\n"
+            "        time.sleep(0.3); os._exit(0)\n"
+            "    time.sleep(0.1)\n"
+            "    try:\n"
+            "        while os.waitpid(-1, os.WNOHANG)[0] > 0: pass\n"
+            "    except ChildProcessError: pass\n"
+            "time.sleep(100000)\n"
+        )
+        engine_proc = subprocess.Popen(["VLLM::EngineCore_DP0", "-c", code], executable=sys.executable)
+        log(f"INFO fake engine pid={engine_proc.pid} (forking helpers for {args.fake_engine_forks} s)")
     if args.fake_log_noise:
         log_noise()
     time.sleep(max(args.fake_startup_delay, 0.0))

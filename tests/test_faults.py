@@ -655,3 +655,12 @@ def test_the_gate_under_xdist_compares_what_the_workers_measured(suite, run_inne
     data = json.loads(next(suite.glob("gated/*/results.json")).read_text())
     assert (data["gate"]["compared"], data["gate"]["failures"]) == (2, [])
     assert [row["repeats"] for row in data["gate"]["rows"]] == [[3, 3], [3, 3]]
+
+
+def test_short_lived_forks_of_an_engine_are_not_its_death(suite, run_inner) -> None:
+    """A compiler subprocess is a fork of the engine or worker that carries its title until it execs; when it
+    exits, the engine lives on, and the server must still start and pass."""
+    inner = run_inner(*fake_args("--fake-engine-forks", "4", "--fake-startup-delay", "4"), "-v")
+    assert inner.ret == 0, inner.output
+    assert "3 passed" in inner.output
+    assert "exited while the API server kept running" not in inner.output
