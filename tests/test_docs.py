@@ -981,3 +981,29 @@ def test_the_readme_quotes_the_h200_runs_it_links() -> None:
     for folder in ("h200-c8", "h200-offload"):
         passed = _passed_line(DOCS / "results" / folder / "pytest.log").split(",")[0]
         assert re.search(rf"\(docs/results/{folder}/README\.md\)[^(]*\([^)]*{passed}\)", readme), (folder, passed)
+
+
+def test_code_names_in_the_docs_exist() -> None:
+    """`module.name` in a page names something that module has (a page that sends a newcomer to a name
+    that moved is worse than none); file names such as `results.json` are not code names."""
+    import importlib
+    import pkgutil
+
+    import pytest_apc
+
+    modules = {m.name for m in pkgutil.iter_modules(pytest_apc.__path__)}
+    file_suffixes = {"json", "py", "png", "lock", "md", "log", "gz", "sh"}
+    missing, checked = [], 0
+    for page in sorted(DOCS.glob("*.md")):
+        for match in re.finditer(r"`([a-z_]+)\.([A-Za-z_][A-Za-z0-9_.]*)`", page.read_text()):
+            module, dotted = match.groups()
+            if module not in modules or dotted.split(".")[-1] in file_suffixes:
+                continue
+            obj: object = importlib.import_module(f"pytest_apc.{module}")
+            for part in dotted.split("."):
+                obj = getattr(obj, part, None)
+            checked += 1
+            if obj is None:
+                missing.append(f"{page.name}: {module}.{dotted}")
+    assert checked > 20  # the architecture page alone names more
+    assert not missing, missing
