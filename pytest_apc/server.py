@@ -532,13 +532,14 @@ class LaunchedServer(Endpoint):
         with contextlib.suppress(psutil.Error):
             for child in psutil.Process(self.proc.pid).children(recursive=True):
                 with contextlib.suppress(psutil.Error):
-                    title = " ".join(child.cmdline())
+                    cmdline = child.cmdline()
+                    title = " ".join(cmdline)
                     if child.pid in self._engines or not title.startswith(ENGINE_TITLES):
                         continue
                     parent = child.parent()
                     # A fork that carries its parent's title has not exec'd yet (a compiler subprocess,
                     # which exits when done); an engine or worker is titled apart from its parent.
-                    if parent is not None and " ".join(parent.cmdline()) == title:
+                    if parent is not None and parent.cmdline() == cmdline:
                         continue
                     self._engines[child.pid] = (child, title)
         for pid, (child, title) in self._engines.items():

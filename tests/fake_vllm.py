@@ -606,6 +606,12 @@ def on_sigterm(signum: int, frame: Any) -> None:
     os._exit(0)
 
 
+def spawn_engine(code: str, note: str = "") -> None:
+    """A child process titled as vLLM's engine (the title is what the plugin watches), running `code`."""
+    engine = subprocess.Popen(["VLLM::EngineCore_DP0", "-c", code], executable=sys.executable)
+    log(f"INFO fake engine pid={engine.pid}{note}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log(f"INFO fake vLLM starting (pid={PID})")
@@ -621,9 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         signal.signal(signal.SIGTERM, on_sigterm)
     if args.fake_engine_exit_after is not None:
-        code = f"import time; time.sleep({args.fake_engine_exit_after}); raise SystemExit(1)"
-        engine_proc = subprocess.Popen(["VLLM::EngineCore_DP0", "-c", code], executable=sys.executable)
-        log(f"INFO fake engine pid={engine_proc.pid}")
+        spawn_engine(f"import time; time.sleep({args.fake_engine_exit_after}); raise SystemExit(1)")
     if args.fake_engine_forks is not None:
         code = (
             "import os, time\n"
@@ -637,8 +641,7 @@ def main(argv: list[str] | None = None) -> int:
             "    except ChildProcessError: pass\n"
             "time.sleep(100000)\n"
         )
-        engine_proc = subprocess.Popen(["VLLM::EngineCore_DP0", "-c", code], executable=sys.executable)
-        log(f"INFO fake engine pid={engine_proc.pid} (forking helpers for {args.fake_engine_forks} s)")
+        spawn_engine(code, f" (forking helpers for {args.fake_engine_forks} s)")
     if args.fake_log_noise:
         log_noise()
     time.sleep(max(args.fake_startup_delay, 0.0))
