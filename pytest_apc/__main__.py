@@ -5,7 +5,7 @@ file against another by the rules of ``--apc-baseline``; ``calibrate`` measures 
 several results files of one build, the limits it implies, and can store it in a baseline. They render and
 compare through the functions the plugin uses (``report.terminal``, ``report.markdown``, ``report.gate``,
 ``noise``); nothing is recomputed.
-``python -m pytest_apc.bench`` and ``python -m pytest_apc.reference`` are separate modules.
+``python -m pytest_apc.measure.bench`` and ``python -m pytest_apc.report.reference`` are separate modules.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from pytest_apc.config import SPEC_BY_NAME, default_for
-from pytest_apc.report import calibration
-from pytest_apc.report.gate import UnreadableResults, compare_documents, read_results
+from pytest_apc.gate import calibration
+from pytest_apc.gate.compare import UnreadableResults, compare_documents, read_results
 from pytest_apc.report.markdown import markdown
 from pytest_apc.report.terminal import gate_lines, summary_lines
-from pytest_apc.report.view import ReportView
-from pytest_apc.results import SCHEMA_VERSIONS
+from pytest_apc.results.document import SCHEMA_VERSIONS
+from pytest_apc.results.view import ReportView
 
 PROG = "python -m pytest_apc"
 

@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import pytest
 
-from pytest_apc.cases import DATA_PARALLEL, EXTERNAL_FLEET, ROUTER_POLICIES, longest_request_tokens
+from pytest_apc.workload.cases import DATA_PARALLEL, EXTERNAL_FLEET, ROUTER_POLICIES, longest_request_tokens
 
 PROFILES = ("gpu", "cpu")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
@@ -129,7 +129,7 @@ def _cases(text: str) -> str:
 
 
 def _model_shape(text: str) -> str:
-    from pytest_apc.tinymodel import SHAPES
+    from pytest_apc.workload.models import SHAPES
 
     if text and text not in SHAPES:
         raise ValueError(f"must be one of {', '.join(SHAPES)}")
@@ -862,6 +862,19 @@ def _check_fleet(settings: Settings) -> None:
         )
     if settings.data_parallel_size == 1:
         raise invalid("data_parallel_size", "one rank is not data parallel (0 skips it, 2 or more measures it)")
+
+
+def flag_value(command: Sequence[str], names: Sequence[str]) -> str | None:
+    """The value of the last of ``names`` on a command line (``--flag V`` or ``--flag=V``), as argparse
+    keeps the last; None when absent."""
+    found = None
+    for i, part in enumerate(command):
+        for name in names:
+            if part == name and i + 1 < len(command):
+                found = command[i + 1]
+            elif part.startswith(name + "="):
+                found = part.split("=", 1)[1]
+    return found
 
 
 def setting_names() -> Sequence[str]:

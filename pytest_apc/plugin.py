@@ -22,12 +22,15 @@ from typing import IO, Any
 import pytest
 
 from pytest_apc import config as apc_config
-from pytest_apc import deployment, procs, redaction, report
-from pytest_apc.cases import CASE_APC, CASE_FAMILY, FAMILY_MARKERS, OWN_MARKER_FAMILIES, RunKey
-from pytest_apc.plan import TestUse, fleet_routes, unused_settings
-from pytest_apc.records import MeasurementError, RunRecord
-from pytest_apc.session import ApcSession
-from pytest_apc.verdict import Pair, Verdict, not_comparable
+from pytest_apc import redaction, report
+from pytest_apc.measure.records import MeasurementError, RunRecord
+from pytest_apc.measure.session import ApcSession
+from pytest_apc.results import document as results
+from pytest_apc.serving import deployment
+from pytest_apc.serving import process as procs
+from pytest_apc.verdicts.verdict import Pair, Verdict, not_comparable
+from pytest_apc.workload.cases import CASE_APC, CASE_FAMILY, FAMILY_MARKERS, OWN_MARKER_FAMILIES, RunKey
+from pytest_apc.workload.plan import TestUse, fleet_routes, unused_settings
 
 SETTINGS_KEY = pytest.StashKey[apc_config.Settings]()
 SESSION_KEY = pytest.StashKey[ApcSession]()
@@ -135,9 +138,11 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
     json_path = Path(settings.json) if settings.json else run_dir / "results.json"
     tr = config.pluginmanager.get_plugin("terminalreporter")
     progress = report.progress_writer(config, tr)
-    return ApcSession(
+    session = ApcSession(
         settings=settings, run_dir=run_dir, json_path=json_path, progress=progress, is_worker=winput is not None
     )
+    session.publish = lambda: results.publish(session)
+    return session
 
 
 @pytest.hookimpl(optionalhook=True)

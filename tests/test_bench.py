@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_apc import bench
-from pytest_apc.cases import RunKey, Workload
+from pytest_apc.measure import bench
+from pytest_apc.workload.cases import RunKey, Workload
 
 GOOD = {"completed": 30, "failed": 0, "total_input_tokens": 1000, "duration": 1.5, "median_ttft_ms": 12.0}
 WORKLOAD = Workload("pure", 2048, 64, 16, 30, 0)
@@ -23,7 +23,7 @@ def write(tmp_path: Path, payload) -> Path:
 def validate(tmp_path: Path, path: Path) -> dict:
     log = tmp_path / "bench.log"
     log.write_text("Starting main benchmark run...\nUserWarning: All requests failed. Check the server.\n")
-    return bench.validate(path, 30, "python -m pytest_apc.bench --x", log)
+    return bench.validate(path, 30, "python -m pytest_apc.measure.bench --x", log)
 
 
 def test_good_result_passes(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ def test_bad_results_fail_with_command_and_log(tmp_path: Path, payload, message:
         validate(tmp_path, path)
     text = str(err.value)
     assert message in text
-    assert "re-run: python -m pytest_apc.bench --x" in text
+    assert "re-run: python -m pytest_apc.measure.bench --x" in text
     assert "All requests failed" in text  # the benchmark's own error line
 
 
@@ -88,7 +88,7 @@ def test_no_warmups_no_ready_check_and_saved_result() -> None:
 
 def test_reproduce_command_is_runnable_module() -> None:
     command = bench.reproduce_command(["--num-prompts", "3"])
-    assert "-m pytest_apc.bench --num-prompts 3" in command
+    assert "-m pytest_apc.measure.bench --num-prompts 3" in command
     assert "vllm bench serve --num-prompts 3" in command
 
 

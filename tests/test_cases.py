@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_apc import config
-from pytest_apc.cases import FAMILIES, RunKey, Workload, longest_request_tokens, predict, workload_for
+from pytest_apc.workload.cases import FAMILIES, RunKey, Workload, longest_request_tokens, predict, workload_for
 
 
 def test_run_key_ids_round_trip() -> None:

@@ -308,7 +308,7 @@ def test_help_documents_the_commands_and_exit_statuses() -> None:
 
 
 def test_the_other_modules_still_run_as_scripts() -> None:
-    result = subprocess.run([sys.executable, "-m", "pytest_apc.reference"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "pytest_apc.report.reference"], capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     assert result.returncode == 0
     assert result.stdout == (REPO / "docs" / "configuration.md").read_text()

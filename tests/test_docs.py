@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_apc import reference
+from pytest_apc.report import reference
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -17,7 +17,7 @@ DOCS = REPO / "docs"
 
 def test_configuration_reference_is_generated_from_the_code() -> None:
     assert (DOCS / "configuration.md").read_text() == reference.render(), (
-        "docs/configuration.md is stale: run `python -m pytest_apc.reference > docs/configuration.md`"
+        "docs/configuration.md is stale: run `python -m pytest_apc.report.reference > docs/configuration.md`"
     )
 
 
@@ -194,7 +194,7 @@ def _cpu_summary(data: dict) -> list[str]:
     """The terminal summary as `python -m pytest_apc report` renders the file, with the results path the
     run printed, relative to the folder it wrote to."""
     from pytest_apc.report.terminal import summary_lines
-    from pytest_apc.report.view import ReportView
+    from pytest_apc.results.view import ReportView
 
     path = "apc-results/" + data["files"]["json"].split("/apc-results/", 1)[1]
     view = ReportView.from_document(data, path)
@@ -266,7 +266,7 @@ def test_results_page_server_line_and_c_d_row_are_the_cpu_examples() -> None:
 
 
 def test_results_page_c_d_walk_through_quotes_the_cpu_example() -> None:
-    from pytest_apc.report.formatting import compact as _k
+    from pytest_apc.results.formatting import compact as _k
 
     data = _cpu_example()
     page = _flat((DOCS / "results.md").read_text())
@@ -402,8 +402,8 @@ def test_results_page_other_sections_quote_the_cpu_example() -> None:
 def test_results_page_gate_example_is_what_compare_prints(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """The gate's example is the H200's same-build run against the one slowed by 200 ms, as compare prints
     it; the page's figures of the gate come from the same files and defaults."""
-    from pytest_apc import noise
     from pytest_apc.__main__ import main
+    from pytest_apc.gate import noise
 
     monkeypatch.chdir(REPO)
     base, slowed = (
@@ -569,7 +569,7 @@ def test_h200_recheck_summary_is_what_its_results_file_renders() -> None:
     import json
 
     from pytest_apc.report.terminal import summary_lines
-    from pytest_apc.report.view import ReportView
+    from pytest_apc.results.view import ReportView
 
     data = json.loads((H200_RECHECK / "results.json").read_text())
     page = (H200_RECHECK / "README.md").read_text()
@@ -707,8 +707,8 @@ def h200_gate_median_rule() -> tuple[int, int]:
 def h200_gate_k_table() -> list[str]:
     """Limit, detectable slowdown and C/D benchmark time per gated run, by K (the gpu default noise, C and D
     judged, K repeats on each side)."""
-    from pytest_apc import noise
-    from pytest_apc.report.formatting import percent
+    from pytest_apc.gate import noise
+    from pytest_apc.results.formatting import percent
 
     spread = noise.PROFILE_NOISE["gpu"]
     per_repeat = sum(
@@ -746,7 +746,7 @@ def test_h200_gate_default_noise_is_what_the_committed_runs_measured() -> None:
     """PROFILE_NOISE["gpu"] is this page's calibration, rounded up to a tenth of a percent."""
     import math
 
-    from pytest_apc import noise
+    from pytest_apc.gate import noise
 
     found = noise.calibrate([(name, _gate_doc(f"same-build/{name}")) for name in GATE_SAME])
     within = max(row.within or 0.0 for row in found.rows.values())
@@ -759,8 +759,8 @@ def test_h200_gate_default_noise_is_what_the_committed_runs_measured() -> None:
 
 
 def test_h200_gate_page_figures_come_from_its_files() -> None:
-    from pytest_apc import noise
-    from pytest_apc.report.formatting import percent
+    from pytest_apc.gate import noise
+    from pytest_apc.results.formatting import percent
 
     raw = (H200_GATE / "README.md").read_text()
     page = _flat(raw)
@@ -816,7 +816,7 @@ def test_h200_gate_detection_table_is_what_calibrate_prints(monkeypatch: pytest.
 
 def test_h200_gate_page_judges_the_earlier_runs_as_compare_does(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     from pytest_apc.__main__ import main
-    from pytest_apc.report.formatting import percent
+    from pytest_apc.results.formatting import percent
 
     monkeypatch.chdir(REPO)
     assert main(["compare", "--repeats", "1", "docs/results/h200/results.json",
@@ -852,9 +852,9 @@ def test_cpu_gate_same_build_reruns_never_fail_the_shipped_gate() -> None:
     import json
     import math
 
-    from pytest_apc import noise
     from pytest_apc.config import default_for
-    from pytest_apc.report.gate import compare_documents
+    from pytest_apc.gate import noise
+    from pytest_apc.gate.compare import compare_documents
 
     docs = {p.parent.name: json.loads(p.read_text()) for p in sorted(CPU_GATE.glob("run-*/results.json"))}
     alarm, repeats = default_for("baseline_false_alarm", "cpu"), default_for("baseline_repeats", "cpu")
@@ -912,8 +912,8 @@ H200_OFFLOAD = DOCS / "results" / "h200-offload"
 def h200_offload_view():
     import json
 
-    from pytest_apc.records import Measured
-    from pytest_apc.report.rows import Outcomes, tier_rows
+    from pytest_apc.measure.records import Measured
+    from pytest_apc.results.rows import Outcomes, tier_rows
 
     data = json.loads((H200_OFFLOAD / "results.json").read_text())
     measured = Measured.from_state(json.loads((H200_OFFLOAD / "store.json").read_text()))
@@ -960,7 +960,7 @@ def test_h200_c8_page_is_what_its_results_file_renders() -> None:
     import json
 
     from pytest_apc.report.terminal import summary_lines
-    from pytest_apc.report.view import ReportView
+    from pytest_apc.results.view import ReportView
 
     folder = DOCS / "results" / "h200-c8"
     data = json.loads((folder / "results.json").read_text())
@@ -995,7 +995,12 @@ def test_code_names_in_the_docs_exist() -> None:
 
     import pytest_apc
 
-    modules = {m.name for m in pkgutil.iter_modules(pytest_apc.__path__)}
+    # A page names a module by its own name (`server.LaunchedServer`), whichever layer it lives in.
+    modules = {
+        m.name.rsplit(".", 1)[-1]: m.name
+        for m in pkgutil.walk_packages(pytest_apc.__path__, "pytest_apc.")
+        if not m.ispkg
+    }
     file_suffixes = {"json", "py", "png", "lock", "md", "log", "gz", "sh"}
     missing, checked = [], 0
     for page in sorted(DOCS.glob("*.md")):
@@ -1003,7 +1008,7 @@ def test_code_names_in_the_docs_exist() -> None:
             module, dotted = match.groups()
             if module not in modules or dotted.split(".")[-1] in file_suffixes:
                 continue
-            obj: object = importlib.import_module(f"pytest_apc.{module}")
+            obj: object = importlib.import_module(modules[module])
             for part in dotted.split("."):
                 obj = getattr(obj, part, None)
             checked += 1

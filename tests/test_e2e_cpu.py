@@ -118,7 +118,7 @@ def test_results_file_has_what_the_issue_lists(full_run) -> None:
 
 def test_results_are_schema_valid_and_files_agree(full_run) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    from pytest_apc.report import SCHEMA_PATH
+    from pytest_apc.results import SCHEMA_PATH
 
     _, data = full_run
     jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))

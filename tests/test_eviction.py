@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_apc.eviction import Request, local_hits
+from pytest_apc.workload.eviction import Request, local_hits
 
 DATA = Path(__file__).parent / "data" / "h200-offload-requests.json"
 

@@ -16,7 +16,7 @@ from tests.conftest import FAKE_VLLM
 
 SUITE = """
 import pytest
-from pytest_apc import verdict
+from pytest_apc.verdicts import verdict
 
 pytestmark = pytest.mark.apc
 
@@ -47,9 +47,9 @@ def fake_args(*fake_flags: str) -> list[str]:
 def one_verdict_test(tmp_path, cases: str, fixture: str, check: str) -> None:
     """A suite of one test: ``@pytest.mark.apc_cases(<cases>)`` asserting ``verdict.<check>(<fixture>)``."""
     (tmp_path / "test_one.py").write_text(
-        "import pytest\nfrom pytest_apc import verdict\n\n"
+        "import pytest\nfrom pytest_apc import verdicts\n\n"
         f"@pytest.mark.apc_cases({cases})\ndef test_one({fixture}, apc_assert):\n"
-        f"    apc_assert(verdict.{check}({fixture}))\n"
+        f"    apc_assert(verdicts.{check}({fixture}))\n"
     )
 
 
@@ -126,7 +126,7 @@ def test_failed_requests_fail_the_run_with_rerun_command(suite, run_inner) -> No
     assert inner.ret == 1
     assert "had failed requests: completed 0 of 4, failed 4" in inner.output
     assert "re-run: " in inner.output
-    assert "-m pytest_apc.bench" in inner.output
+    assert "-m pytest_apc.measure.bench" in inner.output
     assert "0.0x" not in inner.output
     assert "apc: last 40 lines of the apc-on server log" in inner.output  # a live server's log too
 
@@ -359,7 +359,7 @@ def test_external_servers_serve_the_name_they_list_when_none_is_given(suite, run
 
 def test_gpu_node_measures_servers_run_elsewhere_with_a_tokenizer_alone(suite, run_inner) -> None:
     """--gpu-node without a model: nothing is launched, and the benchmark loads the tokenizer it is given."""
-    from pytest_apc.tinymodel import ensure_tiny_model
+    from pytest_apc.workload.models import ensure_tiny_model
 
     tokenizer = str(ensure_tiny_model())
     on, on_url = _start_fake(suite, "--enable-prefix-caching")
@@ -555,8 +555,8 @@ def test_missing_xxhash_is_named_before_launching(pytester, tmp_path, monkeypatc
     import importlib.util
 
     from pytest_apc import config as apc_config
-    from pytest_apc.cases import ServerMode
-    from pytest_apc.deployment import missing_requirement
+    from pytest_apc.serving.deployment import missing_requirement
+    from pytest_apc.workload.cases import ServerMode
 
     settings = apc_config.resolve(pytester.parseconfig("--cpu-node"), environ={})
     real = importlib.util.find_spec
@@ -572,9 +572,9 @@ def test_a_tokenizer_alone_launches_nothing_and_says_so(pytester, tmp_path) -> N
     """--gpu-node with a tokenizer and an external fleet: a test that would still launch a server (A-F
     without --apc-url-on/off) fails its runs naming the missing model, before any command line is built."""
     from pytest_apc import config as apc_config
-    from pytest_apc.cases import ServerMode
-    from pytest_apc.deployment import deployment_for
-    from pytest_apc.server import ServerError
+    from pytest_apc.serving.deployment import deployment_for
+    from pytest_apc.serving.server import ServerError
+    from pytest_apc.workload.cases import ServerMode
 
     fleet = ("--apc-fleet-url=http://gw:80", "--apc-metrics-url=http://r1:8000", "--apc-metrics-url=http://r2:8000")
     settings = apc_config.resolve(pytester.parseconfig("--gpu-node", "--apc-tokenizer=/tok", *fleet), environ={})
@@ -586,8 +586,8 @@ def test_only_servers_run_elsewhere_are_held_to_the_context_of_their_runs(pytest
     """A launched server gets its --max-model-len from the plugin (an explicit --apc-max-model-len is checked
     by config): only a server run elsewhere is held to the longest request of its runs at readiness."""
     from pytest_apc import config as apc_config
-    from pytest_apc.cases import RunKey, ServerMode
-    from pytest_apc.deployment import deployment_for
+    from pytest_apc.serving.deployment import deployment_for
+    from pytest_apc.workload.cases import RunKey, ServerMode
 
     settings = apc_config.resolve(pytester.parseconfig("--cpu-node", "--apc-url-on=http://on:8000"), environ={})
     on = deployment_for(ServerMode(True), settings, "/m", tmp_path, lambda message: None, [RunKey("D", 8)])

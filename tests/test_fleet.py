@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_apc import config, fleet, metrics
-from pytest_apc.cases import DATA_PARALLEL, EXTERNAL_FLEET, RunKey, ServerMode, Workload, predict
-from pytest_apc.deployment import deployment_for, replica_gpus
-from pytest_apc.fleet import Fleet, Router, RouterError
-from pytest_apc.plan import fleet_routes
-from pytest_apc.server import ExternalServer, LaunchedServer, ServerError
+from pytest_apc import config
+from pytest_apc.serving import fleet, metrics
+from pytest_apc.serving.deployment import deployment_for, replica_gpus
+from pytest_apc.serving.fleet import Fleet, Router, RouterError
+from pytest_apc.serving.server import ExternalServer, LaunchedServer, ServerError
+from pytest_apc.workload.cases import DATA_PARALLEL, EXTERNAL_FLEET, RunKey, ServerMode, Workload, predict
+from pytest_apc.workload.plan import fleet_routes
 
 # -- predict() and Prediction.cold_prefills --------------------------------------------------------------
 
@@ -305,7 +306,7 @@ def test_the_routing_cost_bound_is_a_percentage(pytester: pytest.Pytester) -> No
 
 FLEET_SUITE = """
 import pytest
-from pytest_apc import verdict
+from pytest_apc.verdicts import verdict
 
 pytestmark = [pytest.mark.fleet]
 

@@ -241,7 +241,7 @@ def gateway(tmp_path):
     import shutil
     import subprocess
 
-    from pytest_apc.tinymodel import ensure_tiny_model
+    from pytest_apc.workload.models import ensure_tiny_model
 
     model = str(ensure_tiny_model())
     one, one_url = _start_fake(tmp_path, "--model", model, "--fake-model-tokenizer")

@@ -18,14 +18,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_apc import results, verdict
 from pytest_apc.__main__ import main
-from pytest_apc.cases import RunKey
-from pytest_apc.records import Measured, RunRecord
-from pytest_apc.report import SCHEMA_PATH, formatting, gate, markdown, plots, rows, terminal
+from pytest_apc.gate import compare as gate
+from pytest_apc.measure.records import Measured, RunRecord
+from pytest_apc.report import markdown, plots, terminal
 from pytest_apc.report.controller import report_blocks
-from pytest_apc.report.view import ReportView
-from pytest_apc.stats import median_interval
+from pytest_apc.results import SCHEMA_PATH, formatting, rows
+from pytest_apc.results import document as results
+from pytest_apc.results.view import ReportView
+from pytest_apc.verdicts import verdict
+from pytest_apc.verdicts.stats import median_interval
+from pytest_apc.workload.cases import RunKey
 from tests.test_verdict import delta, off_delta, record, settings
 
 DATA = Path(__file__).resolve().parent / "data"

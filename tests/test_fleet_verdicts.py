@@ -8,10 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_apc import verdict
-from pytest_apc.cases import RunKey, predict, workload_for
-from pytest_apc.metrics import Delta
-from pytest_apc.records import MeasurementError, Repeat, RunRecord, ServerInfo
+from pytest_apc.measure.records import MeasurementError, Repeat, RunRecord
+from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.metrics import Delta
+from pytest_apc.verdicts import verdict
+from pytest_apc.workload.cases import RunKey, predict, workload_for
 
 N = 30
 HEADER = 26  # the tiny model's chat template header

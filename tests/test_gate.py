@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 
-from pytest_apc import noise
-from pytest_apc.report import SCHEMA_PATH, gate, terminal
-from pytest_apc.report.view import ReportView
+from pytest_apc.gate import compare as gate
+from pytest_apc.gate import noise
+from pytest_apc.report import terminal
+from pytest_apc.results import SCHEMA_PATH
+from pytest_apc.results.view import ReportView
 from tests.test_verdict import settings
 
 MODEL = "/home/ci/.cache/pytest-apc/models/tiny-llama-v1-0123456789ab"

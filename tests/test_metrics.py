@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_apc import metrics
+from pytest_apc.serving import metrics
 
 BEFORE = """\
 # HELP vllm:prefix_cache_queries_total Prefix cache queries.

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from pytest_apc import noise
+from pytest_apc.gate import noise
 
 
 def _runs(rng: np.random.Generator, runs: int, k: int, within: float, between: float, mean: float = 800.0):

@@ -245,7 +245,7 @@ def test_the_gpu_node_lock_is_taken_whenever_the_run_may_launch_a_server(
 ) -> None:
     """Another run holds this node's GPUs: a run that may start a server on them is refused at once; one
     that only talks to servers elsewhere goes ahead."""
-    from pytest_apc import procs
+    from pytest_apc.serving import process as procs
 
     lock_dir = pytester.path / "lockdir"
     lock_dir.mkdir()

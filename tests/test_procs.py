@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from pytest_apc import config as apc_config
-from pytest_apc import procs
-from pytest_apc.cases import RunKey, ServerMode
-from pytest_apc.records import ServerInfo
-from pytest_apc.session import ApcSession
+from pytest_apc.measure.session import ApcSession
+from pytest_apc.serving import process as procs
+from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.workload.cases import RunKey, ServerMode
 
 
 def test_node_lock_names_the_holder(tmp_path: Path) -> None:
@@ -20,7 +20,7 @@ def test_node_lock_names_the_holder(tmp_path: Path) -> None:
     handle = procs.acquire_node_lock(lock)
     try:
         code = (
-            "import sys\nfrom pathlib import Path\nfrom pytest_apc import procs\n"
+            "import sys\nfrom pathlib import Path\nfrom pytest_apc.serving import process as procs\n"
             f"try:\n    procs.acquire_node_lock(Path({str(lock)!r}))\nexcept RuntimeError as e:\n"
             "    print(e); sys.exit(7)\n"
         )
@@ -81,7 +81,7 @@ def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypat
     launch is retried on a fresh port (one server in the end, nothing left behind)."""
     import socket
 
-    from pytest_apc import server as server_mod
+    from pytest_apc.serving import server as server_mod
     from tests.conftest import FAKE_VLLM
 
     busy = socket.socket()

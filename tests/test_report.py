@@ -8,12 +8,15 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
-from pytest_apc import results, verdict
-from pytest_apc.cases import RunKey
-from pytest_apc.records import Measured
-from pytest_apc.report import formatting, gate, markdown, rows, terminal
+from pytest_apc.gate import compare as gate
+from pytest_apc.measure.records import Measured
+from pytest_apc.report import markdown, terminal
 from pytest_apc.report.controller import report_blocks
-from pytest_apc.report.view import ReportView
+from pytest_apc.results import document as results
+from pytest_apc.results import formatting, rows
+from pytest_apc.results.view import ReportView
+from pytest_apc.verdicts import verdict
+from pytest_apc.workload.cases import RunKey
 from tests.test_verdict import delta, off_delta, record, settings
 
 

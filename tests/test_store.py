@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from pytest_apc.cases import RunKey, ServerMode
-from pytest_apc.records import Measured
-from pytest_apc.store import RunStore
+from pytest_apc.measure.records import Measured
+from pytest_apc.measure.store import RunStore
+from pytest_apc.workload.cases import RunKey, ServerMode
 from tests.test_verdict import delta, off_delta, record, settings
 
 

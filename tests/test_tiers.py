@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_apc import offload, tiers, verdict
-from pytest_apc.cases import OFFLOAD_TIER, SMALL_CACHE, RunKey, ServerMode, Workload, predict
-from pytest_apc.metrics import Delta
-from pytest_apc.records import MeasurementError, Repeat, RunRecord, ServerInfo
+from pytest_apc.measure.records import MeasurementError, Repeat, RunRecord
+from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.metrics import Delta
+from pytest_apc.verdicts import tiers, verdict
+from pytest_apc.workload import offload
+from pytest_apc.workload.cases import OFFLOAD_TIER, SMALL_CACHE, RunKey, ServerMode, Workload, predict
 from tests.conftest import FAKE_VLLM
 
 LLAMA_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_apc import tinymodel
+from pytest_apc.workload import models as tinymodel
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pytest_apc import verdict
-from pytest_apc.cases import RunKey, predict, workload_for
-from pytest_apc.metrics import Delta
-from pytest_apc.records import MeasurementError, Repeat, RunRecord, ServerInfo
+from pytest_apc.measure.records import MeasurementError, Repeat, RunRecord
+from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.metrics import Delta
+from pytest_apc.verdicts import verdict
+from pytest_apc.workload.cases import RunKey, predict, workload_for
 
 N = 30
 
@@ -261,7 +262,7 @@ def test_runs_with_other_prompts_or_servers_are_not_comparable(pytester) -> None
 
 def test_prefill_cost_fit_is_non_negative_least_squares_not_clipping() -> None:
     """Data whose unconstrained fit has a < 0: clipping a to 0 keeps the wrong b; the NNLS fit refits b."""
-    from pytest_apc.stats import fit_prefill_cost, prefill_cost_residual
+    from pytest_apc.verdicts.stats import fit_prefill_cost, prefill_cost_residual
 
     lengths, seconds = [1.0, 2.0, 3.0, 4.0], [0.0, 1.0, 4.0, 9.0]  # (L-1)^2: unconstrained a = -0.95 < 0
     x, y = np.asarray(lengths), np.asarray(seconds)

@@ -48,7 +48,7 @@ def test_the_wheel_holds_every_subpackage_its_data_and_the_suite(wheel: Path) ->
     names = set(zipfile.ZipFile(wheel).namelist())
     for module in sorted(REPO.glob("pytest_apc/**/*.py")) + sorted(REPO.glob("tests_apc/*.py")):
         assert str(module.relative_to(REPO)) in names
-    assert {"pytest_apc/results.schema.json", "pytest_apc/py.typed"} <= names
+    assert {"pytest_apc/results/results.schema.json", "pytest_apc/py.typed"} <= names
     assert not any(name.startswith("tests/") for name in names)  # the plugin's own tests stay out
 
 

@@ -8,7 +8,7 @@ it, every replica's counters read around it. Not part of ``-m apc``: select with
 
 import pytest
 
-from pytest_apc import verdict
+from pytest_apc import verdicts
 
 pytestmark = [pytest.mark.fleet]
 
@@ -16,10 +16,10 @@ pytestmark = [pytest.mark.fleet]
 @pytest.mark.apc_cases("R", fleet=True)
 def test_fleet_accounting(apc_run, apc_assert):
     """Each request reached one replica once, and each replica's hits are whole cold prefills."""
-    apc_assert(verdict.fleet_accounting(apc_run))
+    apc_assert(verdicts.fleet_accounting(apc_run))
 
 
 @pytest.mark.apc_cases("R", fleet=True)
 def test_prefix_locality(apc_run, apc_settings, apc_assert):
     """Cold prefills against one per prefix group and against the route's promise; the routing cost."""
-    apc_assert(verdict.prefix_locality(apc_run, apc_settings))
+    apc_assert(verdicts.prefix_locality(apc_run, apc_settings))

@@ -7,7 +7,7 @@ within --apc-overhead-tolerance.
 
 import pytest
 
-from pytest_apc import verdict
+from pytest_apc import verdicts
 
 pytestmark = [pytest.mark.apc, pytest.mark.hash_algo]
 
@@ -15,10 +15,10 @@ pytestmark = [pytest.mark.apc, pytest.mark.hash_algo]
 @pytest.mark.apc_cases("D", hash_algos=True)
 def test_cached_tokens(apc_run, apc_assert):
     """The algorithm's server hits exactly as predicted."""
-    apc_assert(verdict.cached_tokens_match(apc_run))
+    apc_assert(verdicts.cached_tokens_match(apc_run))
 
 
 @pytest.mark.apc_cases("BDF", hash_algos=True)
 def test_same_as_default(apc_run, apc_default_run, apc_settings, apc_assert):
     """Same cached tokens as the default algorithm, TTFT and duration within tolerance."""
-    apc_assert(verdict.same_as_default(apc_run, apc_default_run, apc_settings))
+    apc_assert(verdicts.same_as_default(apc_run, apc_default_run, apc_settings))

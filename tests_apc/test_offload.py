@@ -8,7 +8,7 @@ part of ``-m apc``: select with ``-m offload`` (``--gpu-node`` only: vLLM's CPU 
 
 import pytest
 
-from pytest_apc import tiers
+from pytest_apc import verdicts
 
 pytestmark = [pytest.mark.offload]
 
@@ -17,17 +17,17 @@ pytestmark = [pytest.mark.offload]
 def test_hits_across_tiers(apc_run, apc_assert):
     """GPU-cache hits + tier hits = (N - G) x P + (G - 1) x Q, what one server with room for every prefix
     hits; the tier served part of it; a reset that left prefixes in the tier shows as hits above it."""
-    apc_assert(tiers.hits_across_tiers(apc_run))
+    apc_assert(verdicts.hits_across_tiers(apc_run))
 
 
 @pytest.mark.apc_cases("O")
 def test_tier_pays_off(apc_pair, apc_assert):
     """With the tier the same small GPU cache hits more, and median TTFT is significantly lower."""
-    apc_assert(tiers.tier_pays_off(apc_pair))
+    apc_assert(verdicts.tier_pays_off(apc_pair))
 
 
 @pytest.mark.apc_cases("NO", sequential=True)
 def test_eviction_predicted(apc_run, apc_assert):
     """At concurrency 1 the GPU cache's own hits are a replay of vLLM's block pool (LRU, tail first) over
     the requests in the order they were sent."""
-    apc_assert(tiers.eviction_predicted(apc_run))
+    apc_assert(verdicts.eviction_predicted(apc_run))

@@ -6,7 +6,7 @@ the chat template puts in front of every prompt (when that spans a whole block).
 
 import pytest
 
-from pytest_apc import verdict
+from pytest_apc import verdicts
 
 pytestmark = [pytest.mark.apc, pytest.mark.overhead]
 
@@ -14,16 +14,16 @@ pytestmark = [pytest.mark.apc, pytest.mark.overhead]
 @pytest.mark.apc_cases("A")
 def test_apc_really_off(apc_run, apc_assert):
     """The OFF server made no prefix-cache lookups and served no hits."""
-    apc_assert(verdict.apc_really_off(apc_run))
+    apc_assert(verdicts.apc_really_off(apc_run))
 
 
 @pytest.mark.apc_cases("B")
 def test_cached_tokens(apc_run, apc_assert):
     """Without a shared prefix the ON server hits at most the template header's whole blocks."""
-    apc_assert(verdict.cached_tokens_match(apc_run))
+    apc_assert(verdicts.cached_tokens_match(apc_run))
 
 
 @pytest.mark.apc_cases("B")
 def test_apc_overhead(apc_pair, apc_assert):
     """A ~ B: APC on is not slower than off beyond --apc-overhead-tolerance (TTFT interval, duration)."""
-    apc_assert(verdict.not_slower(apc_pair))
+    apc_assert(verdicts.not_slower(apc_pair))

@@ -5,7 +5,7 @@ C runs on the APC-off server, D on the APC-on server, with byte-identical prompt
 
 import pytest
 
-from pytest_apc import verdict
+from pytest_apc import verdicts
 
 pytestmark = [pytest.mark.apc, pytest.mark.pure]
 
@@ -13,18 +13,18 @@ pytestmark = [pytest.mark.apc, pytest.mark.pure]
 @pytest.mark.apc_cases("C")
 def test_apc_really_off(apc_run, apc_assert):
     """The OFF server made no prefix-cache lookups and served no hits."""
-    apc_assert(verdict.apc_really_off(apc_run))
+    apc_assert(verdicts.apc_really_off(apc_run))
 
 
 @pytest.mark.apc_cases("D")
 def test_cached_tokens(apc_run, apc_assert):
     """The ON server served (N-1) x floor(S/B) x B cached tokens, S = template header + prefix."""
-    apc_assert(verdict.cached_tokens_match(apc_run))
+    apc_assert(verdicts.cached_tokens_match(apc_run))
 
 
 @pytest.mark.apc_cases("D")
 def test_pure_apc(apc_pair, apc_assert):
     """D computes only the suffixes (and one prefix), and its median TTFT is significantly lower than C's
     (up to --apc-pure-gain-concurrency; every level on a GPU node)."""
-    apc_assert(verdict.prefill_saved(apc_pair))
-    apc_assert(verdict.pure_effect(apc_pair))
+    apc_assert(verdicts.prefill_saved(apc_pair))
+    apc_assert(verdicts.pure_effect(apc_pair))

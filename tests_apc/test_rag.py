@@ -6,7 +6,7 @@ so 5-10x is the wrong bar here: the verdicts compare with bounds computed from t
 
 import pytest
 
-from pytest_apc import verdict
+from pytest_apc import verdicts
 
 pytestmark = [pytest.mark.apc, pytest.mark.rag]
 
@@ -14,17 +14,17 @@ pytestmark = [pytest.mark.apc, pytest.mark.rag]
 @pytest.mark.apc_cases("E")
 def test_apc_really_off(apc_run, apc_assert):
     """The OFF server made no prefix-cache lookups and served no hits."""
-    apc_assert(verdict.apc_really_off(apc_run))
+    apc_assert(verdicts.apc_really_off(apc_run))
 
 
 @pytest.mark.apc_cases("F")
 def test_cached_tokens(apc_run, apc_assert):
     """The ON server served (N-1) x floor(S/B) x B cached tokens, S = template header + prefix."""
-    apc_assert(verdict.cached_tokens_match(apc_run))
+    apc_assert(verdicts.cached_tokens_match(apc_run))
 
 
 @pytest.mark.apc_cases("F")
 def test_rag_apc(apc_pair, apc_assert):
     """F computes about half of E's prefill; at high concurrency it must not be slower (TTFT is queueing)."""
-    apc_assert(verdict.prefill_saved(apc_pair))
-    apc_assert(verdict.rag_effect(apc_pair))
+    apc_assert(verdicts.prefill_saved(apc_pair))
+    apc_assert(verdicts.rag_effect(apc_pair))

@@ -6,7 +6,7 @@ every level is held to the same prediction. The default level's runs are shared 
 
 import pytest
 
-from pytest_apc import verdict
+from pytest_apc import verdicts
 
 pytestmark = [pytest.mark.apc, pytest.mark.sweep]
 
@@ -14,24 +14,24 @@ pytestmark = [pytest.mark.apc, pytest.mark.sweep]
 @pytest.mark.apc_cases("CE", sweep=True)
 def test_apc_really_off(apc_run, apc_assert):
     """The OFF server counts nothing at any concurrency."""
-    apc_assert(verdict.apc_really_off(apc_run))
+    apc_assert(verdicts.apc_really_off(apc_run))
 
 
 @pytest.mark.apc_cases("DF", sweep=True)
 def test_cached_tokens_independent_of_concurrency(apc_run, apc_assert):
     """The same predicted hits at every concurrency."""
-    apc_assert(verdict.cached_tokens_match(apc_run))
+    apc_assert(verdicts.cached_tokens_match(apc_run))
 
 
 @pytest.mark.apc_cases("D", sweep=True)
 def test_pure_apc(apc_pair, apc_assert):
     """The pure APC effect holds at every concurrency."""
-    apc_assert(verdict.prefill_saved(apc_pair))
-    apc_assert(verdict.pure_effect(apc_pair))
+    apc_assert(verdicts.prefill_saved(apc_pair))
+    apc_assert(verdicts.pure_effect(apc_pair))
 
 
 @pytest.mark.apc_cases("F", sweep=True)
 def test_rag_apc(apc_pair, apc_assert):
     """Agent/RAG: a significant TTFT gain at low concurrency, never slower above it."""
-    apc_assert(verdict.prefill_saved(apc_pair))
-    apc_assert(verdict.rag_effect(apc_pair))
+    apc_assert(verdicts.prefill_saved(apc_pair))
+    apc_assert(verdicts.rag_effect(apc_pair))

@@ -9,15 +9,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pytest_apc.report.controller import RUNS_PROPERTY, VERDICTS_PROPERTY, ControllerReporter
 from pytest_apc.report.failures import failure_sections
 from pytest_apc.report.junit import record_properties
-from pytest_apc.report.rows import AlgoRow, Outcomes, PairRow, ReportData
 from pytest_apc.report.terminal import header_lines, progress_writer
-
-SCHEMA_PATH = Path(__file__).parent.parent / "results.schema.json"
+from pytest_apc.results import SCHEMA_PATH
+from pytest_apc.results.rows import AlgoRow, Outcomes, PairRow, ReportData
 
 __all__ = [
     "RUNS_PROPERTY",

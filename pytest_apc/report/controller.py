@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from pytest_apc import results
+from pytest_apc.gate.compare import Gate, compare_baseline
+from pytest_apc.measure.provenance import environment
+from pytest_apc.measure.session import ApcSession
 from pytest_apc.redaction import redact
-from pytest_apc.report.environment import environment
-from pytest_apc.report.gate import Gate, compare_baseline
 from pytest_apc.report.markdown import markdown
 from pytest_apc.report.plots import plots
-from pytest_apc.report.rows import Outcomes, ReportData
 from pytest_apc.report.terminal import terminal_summary
-from pytest_apc.report.view import ReportView
-from pytest_apc.session import ApcSession
+from pytest_apc.results import document as results
+from pytest_apc.results.rows import Outcomes, ReportData
+from pytest_apc.results.view import ReportView
 
 # user_properties the plugin attaches to test reports (plain data, so they cross from xdist workers).
 VERDICTS_PROPERTY = "apc_verdicts"  # the call report: [Verdict.to_json(), ...]
@@ -72,10 +72,7 @@ class ControllerReporter:
         data = self.report_data()  # first: under xdist it loads what the workers measured
         if self._environment is None:
             self._environment = environment(self.apc.measured.servers, self.apc.run_dir.parent)
-        measured = self.apc.to_json()
-        timing = measured.pop("timing")  # stays the last block
-        blocks = report_blocks(data, self.gate)
-        return {**measured, "environment": self._environment, **blocks, "timing": timing}
+        return results.of_session(self.apc, {"environment": self._environment, **report_blocks(data, self.gate)})
 
     def view(self) -> ReportView:
         return ReportView.from_document(self.document(), str(self.apc.json_path))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from pytest_apc.cases import RunKey
-from pytest_apc.logwatch import tail
-from pytest_apc.records import Measured
+from pytest_apc.measure.records import Measured
 from pytest_apc.redaction import redact
+from pytest_apc.serving.logwatch import tail
+from pytest_apc.workload.cases import RunKey
 
 FAILURE_LOG_LINES = 40
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_apc.records import RunRecord
+from pytest_apc.measure.records import RunRecord
 
 
 def record_properties(node: pytest.Item, record: RunRecord) -> None:

@@ -10,10 +10,10 @@ from typing import Any
 
 from tabulate import tabulate
 
-from pytest_apc.cases import CASE_PURPOSE
-from pytest_apc.report.formatting import first_line, num
 from pytest_apc.report.terminal import fleet_lead, fleet_requests, fleet_verdict, offload_lead, server_lines
-from pytest_apc.report.view import ReportView
+from pytest_apc.results.formatting import first_line, num
+from pytest_apc.results.view import ReportView
+from pytest_apc.workload.cases import CASE_PURPOSE
 
 # (key of a pair row, column header), in the order of ReportData.pair_numbers()
 PAIR_COLUMNS = (

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pytest_apc.report.rows import ReportData
+from pytest_apc.results.rows import ReportData
 
 
 def plots(data: ReportData, folder: Path) -> list[str]:

@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 from tabulate import tabulate
 
-from pytest_apc.config import Settings, model_path_for_display
+from pytest_apc.config import Settings, flag_value, model_path_for_display
+from pytest_apc.measure.provenance import LAYOUT_FLAGS
 from pytest_apc.redaction import redact
-from pytest_apc.report.environment import LAYOUT_FLAGS
-from pytest_apc.report.formatting import compact, first_line, num, percent
-from pytest_apc.report.view import ReportView
-from pytest_apc.server import flag_value
+from pytest_apc.results.formatting import compact, first_line, num, percent
+from pytest_apc.results.view import ReportView
 
 Markup = dict[str, bool]  # keyword arguments of pytest's TerminalWriter.write_line: red, yellow, bold
 

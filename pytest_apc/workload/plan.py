@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_apc.cases import CASE_FAMILY, DATA_PARALLEL, RunKey, ServerMode
 from pytest_apc.config import SPEC_BY_NAME, Settings
 from pytest_apc.redaction import redact
+from pytest_apc.workload.cases import CASE_FAMILY, DATA_PARALLEL, RunKey, ServerMode
 
 
 @dataclass

@@ -12,12 +12,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pytest_apc import eviction, metrics
-from pytest_apc.bench import BenchRunner, bench_args
-from pytest_apc.cases import RunKey, Workload, predict, workload_for
 from pytest_apc.config import Settings
-from pytest_apc.deployment import Deployment
-from pytest_apc.records import Repeat, RunRecord
+from pytest_apc.measure.bench import BenchRunner, bench_args
+from pytest_apc.measure.records import Repeat, RunRecord
+from pytest_apc.serving import metrics
+from pytest_apc.serving.deployment import Deployment
+from pytest_apc.workload import eviction
+from pytest_apc.workload.cases import RunKey, Workload, predict, workload_for
 
 
 class Measurer:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_apc.offload import OffloadSizes
-from pytest_apc.records import MeasurementError, RunRecord, tier_hits
-from pytest_apc.verdict import Pair, Verdict, overcount, repeat_numbers, window_text
+from pytest_apc.measure.records import MeasurementError, RunRecord, tier_hits
+from pytest_apc.verdicts.verdict import Pair, Verdict, overcount, repeat_numbers, window_text
+from pytest_apc.workload.offload import OffloadSizes
 
 
 def _prediction(run: RunRecord) -> Any:

@@ -16,20 +16,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
-from pytest_apc import metrics, results
-from pytest_apc.bench import BenchError, BenchRunner
-from pytest_apc.cases import OFFLOAD_TIER, RunKey, ServerMode, workload_for
 from pytest_apc.config import Settings
-from pytest_apc.deployment import Deployment, deployment_for, missing_requirement, served_model
-from pytest_apc.logwatch import tail
-from pytest_apc.measure import Measurer
-from pytest_apc.offload import OffloadSizes
-from pytest_apc.plan import Plan
-from pytest_apc.records import Measured, MeasurementError, RunRecord, ServerInfo
-from pytest_apc.server import ServerError
-from pytest_apc.store import RunStore
+from pytest_apc.measure.bench import BenchError, BenchRunner
+from pytest_apc.measure.records import Measured, MeasurementError, RunRecord
+from pytest_apc.measure.run import Measurer
+from pytest_apc.measure.store import RunStore
+from pytest_apc.serving import metrics
+from pytest_apc.serving.deployment import Deployment, deployment_for, missing_requirement, served_model
+from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.logwatch import tail
+from pytest_apc.serving.server import ServerError
+from pytest_apc.workload.cases import OFFLOAD_TIER, RunKey, ServerMode, workload_for
+from pytest_apc.workload.offload import OffloadSizes
+from pytest_apc.workload.plan import Plan
 
 # What makes one run fail without stopping the others on the same deployment.
 RUN_ERRORS = (BenchError, ServerError, metrics.MetricsError, OSError, ValueError)
@@ -43,6 +43,9 @@ class ApcSession:
     run_dir: Path
     json_path: Path
     progress: Callable[[str], None] = lambda message: None
+    # Called after every change worth keeping (a server started, a run measured): the plugin writes the
+    # results file from it, so a later crash loses nothing.
+    publish: Callable[[], None] = lambda: None
     is_worker: bool = False  # an xdist worker: measures and shares, the controller reports
     plan: Plan = field(default_factory=Plan)
     measured: Measured = field(default_factory=Measured)
@@ -102,12 +105,12 @@ class ApcSession:
             self._probe_chat_header(deployment)
             self._check_offload_sizes(deployment.info)
             keys = self._check_kv_capacity(keys, deployment.info)
-            self.write_json()
+            self.publish()
             self._measure_runs(keys, deployment)
         finally:
             with self._server_time():
                 self._stop_active()
-            self.write_json()
+            self.publish()
 
     def _start(self, mode: ServerMode, keys: list[RunKey]) -> Deployment | None:
         """A ready deployment for ``mode``, or None with every run of it failed (naming why)."""
@@ -129,7 +132,7 @@ class ApcSession:
                 deployment.stop()
                 self.measured.servers[mode.name] = deployment.info
                 self._fail_runs(keys, f"the {mode.name} server could not start:\n{err}")
-                self.write_json()
+                self.publish()
                 return None
         self._active = deployment
         self.measured.servers[mode.name] = info = deployment.info
@@ -166,7 +169,7 @@ class ApcSession:
                     f"run {key.id}" if alive else f"run {key.id} (the server died during it)"
                 )
             self.progress(f"{name}: {key.id} done in {time.monotonic() - started:.1f} s")
-            self.write_json()
+            self.publish()
 
     def _probe_chat_header(self, deployment: Deployment) -> None:
         """The template header every prompt carries; without it hits cannot be predicted (a warning)."""
@@ -266,17 +269,8 @@ class ApcSession:
     def json_model(self) -> str:
         return self.measured.model or self.settings.model or self.settings.model_label
 
-    def to_json(self) -> dict[str, Any]:
-        """What is measured so far, as the results file holds it."""
-        elapsed = time.monotonic() - self.started_wall
-        return results.document(self.settings, self.measured, self.json_model(), self.started_at, elapsed)
-
-    def write_json(self, extra: dict[str, Any] | None = None) -> None:
-        """Rewrite the results file: what is measured so far, and ``extra`` (the report's part, at the end).
-        "verdicts" is required by the schema; only the controller's final write knows them."""
-        data = self.to_json()
-        timing = data.pop("timing")  # stays the last block
-        results.write(self.json_path, {**data, "verdicts": [], **(extra or {}), "timing": timing})
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started_wall
 
     def close(self) -> None:
         """Stop whatever still runs (also on Ctrl-C / SIGTERM). The controller's report writes the final

@@ -11,10 +11,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pytest_apc.cases import CASE_FAMILY
 from pytest_apc.config import Settings
-from pytest_apc.records import Measured
+from pytest_apc.measure.records import Measured
+from pytest_apc.measure.session import ApcSession
 from pytest_apc.redaction import redact
+from pytest_apc.workload.cases import CASE_FAMILY
 
 SCHEMA_VERSION = 6
 SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6)  # every version pytest-apc has written; readers accept each
@@ -48,6 +49,21 @@ def document(settings: Settings, measured: Measured, model: str, started_at: str
             "overhead_ratio": round(elapsed_s / (server_s + bench_s), 3) if server_s + bench_s > 0 else None,
         },
     }
+
+
+def of_session(session: ApcSession, report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The session's results document: what it measured so far and ``report`` (the controller's part:
+    environment, verdicts, rows, gate, files), in the file's order; timing stays the last block.
+    "verdicts" is required by the schema; until the controller's final write it is empty."""
+    measured = document(session.settings, session.measured, session.json_model(), session.started_at,
+                        session.elapsed_s())  # fmt: skip
+    timing = measured.pop("timing")
+    return {**measured, "verdicts": [], **(report or {}), "timing": timing}
+
+
+def publish(session: ApcSession) -> None:
+    """Rewrite the session's results file with what it measured so far (after every run)."""
+    write(session.json_path, of_session(session))
 
 
 def write(path: Path, data: dict[str, Any]) -> None:

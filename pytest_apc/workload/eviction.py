@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_apc.cases import ceil_div
+from pytest_apc.workload.cases import ceil_div
 
 BlockId = tuple[int, ...]  # (-1, j): a header block; (g, j): group g's prefix block j; (-2, i, j): request i's own
 

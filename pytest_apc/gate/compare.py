@@ -3,7 +3,7 @@ against another (``python -m pytest_apc compare``), by the same rules (:func:`co
 
 Each run both files have (``C-c8``, ``D-c8``, ...) is judged on two things:
 
-* **mean TTFT over its cold repeats** (:mod:`pytest_apc.noise`): a regression when it rose beyond the
+* **mean TTFT over its cold repeats** (:mod:`pytest_apc.gate.noise`): a regression when it rose beyond the
   limit that the run-to-run noise allows, so that a build that did not change fails the whole gate with
   probability at most ``--apc-baseline-false-alarm`` (split over the runs judged);
 * **cached tokens** (APC-on runs): exact; fewer than the baseline's is a regression.
@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_apc import noise
 from pytest_apc.config import model_path_for_display
-from pytest_apc.report.environment import layouts
-from pytest_apc.report.formatting import num, percent
-from pytest_apc.report.view import fleet_run_ids
+from pytest_apc.gate import noise
+from pytest_apc.measure.provenance import layouts
+from pytest_apc.results.formatting import num, percent
+from pytest_apc.results.view import fleet_run_ids
 
 # Settings that change what a run measures: a baseline with another value is not comparable.
 COMPARED_SETTINGS = (

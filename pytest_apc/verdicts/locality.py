@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_apc.cases import DATA_PARALLEL, EXTERNAL_FLEET, Prediction, RunKey
-from pytest_apc.metrics import Delta
-from pytest_apc.records import MeasurementError, Repeat, RunRecord
+from pytest_apc.measure.records import MeasurementError, Repeat, RunRecord
+from pytest_apc.serving.metrics import Delta
+from pytest_apc.workload.cases import DATA_PARALLEL, EXTERNAL_FLEET, Prediction, RunKey
 
 # What each route promises about where requests land, checked against the counters.
 PROMISES = {

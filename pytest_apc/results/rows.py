@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_apc import locality
-from pytest_apc.cases import PAIRS, RunKey
 from pytest_apc.config import Settings
-from pytest_apc.records import MeasurementError, RunRecord, tier_hits
-from pytest_apc.stats import Interval, median_interval, ratio_of_medians
-from pytest_apc.verdict import Pair
+from pytest_apc.measure.records import MeasurementError, RunRecord, tier_hits
+from pytest_apc.verdicts import locality
+from pytest_apc.verdicts.stats import Interval, median_interval, ratio_of_medians
+from pytest_apc.verdicts.verdict import Pair
+from pytest_apc.workload.cases import PAIRS, RunKey
 
 
 @dataclass

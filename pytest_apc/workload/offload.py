@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_apc.cases import OFFLOAD_TIER, ServerMode, Workload, ceil_div
-from pytest_apc.server import flag_value
+from pytest_apc.config import flag_value
+from pytest_apc.workload.cases import OFFLOAD_TIER, ServerMode, Workload, ceil_div
 
 GIB = 1 << 30
 HEADROOM = 1.5  # both sizes: a GPU cache of 1.5 requests, a tier of 1.5 working sets

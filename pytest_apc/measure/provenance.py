@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 import pytest_apc
-from pytest_apc.gpus import cuda_visible_devices
-from pytest_apc.records import EXTERNAL, ServerInfo
-from pytest_apc.server import flag_value
+from pytest_apc.config import flag_value
+from pytest_apc.serving.gpus import cuda_visible_devices
+from pytest_apc.serving.interface import EXTERNAL, ServerInfo
 
 # Server flags that set the layout and precision, with vLLM's short forms, and what they default to.
 LAYOUT_FLAGS = {

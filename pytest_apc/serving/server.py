@@ -26,13 +26,13 @@ from urllib.parse import urlencode
 import psutil
 import requests
 
-from pytest_apc import metrics, probe, procs
-from pytest_apc.cases import ServerMode
-from pytest_apc.gpus import gpu_memory_used_mib, wait_gpu_memory_released
-from pytest_apc.interface import Deployment
-from pytest_apc.logwatch import Fatal, LogWatch, tail
-from pytest_apc.records import EXTERNAL, ServerInfo
 from pytest_apc.redaction import redact_argv
+from pytest_apc.serving import metrics, probe
+from pytest_apc.serving import process as procs
+from pytest_apc.serving.gpus import gpu_memory_used_mib, wait_gpu_memory_released
+from pytest_apc.serving.interface import EXTERNAL, Deployment, ServerInfo
+from pytest_apc.serving.logwatch import Fatal, LogWatch, tail
+from pytest_apc.workload.cases import ServerMode
 
 # The engine logs "CPU KV cache size: 2,097,152 tokens, ..." (or "GPU ...") once its KV cache is allocated.
 KV_CACHE_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens.*")
@@ -82,19 +82,6 @@ def expand_launcher(launcher: Sequence[str], env_names: Sequence[str]) -> list[s
         for name in env_names:
             argv += [found["flag"] or "-e", name]
     return argv
-
-
-def flag_value(command: Sequence[str], names: Sequence[str]) -> str | None:
-    """The value of the last of ``names`` on a command line (``--flag V`` or ``--flag=V``), as argparse
-    keeps the last; None when absent."""
-    found = None
-    for i, part in enumerate(command):
-        for name in names:
-            if part == name and i + 1 < len(command):
-                found = command[i + 1]
-            elif part.startswith(name + "="):
-                found = part.split("=", 1)[1]
-    return found
 
 
 def build_command(

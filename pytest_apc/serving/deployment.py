@@ -28,24 +28,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from pytest_apc import offload
-from pytest_apc.cases import (
-    DATA_PARALLEL,
-    EXTERNAL_FLEET,
-    FAMILY_MARKERS,
-    RunKey,
-    ServerMode,
-    Workload,
-    ceil_div,
-    longest_request_tokens,
-    workload_for,
-)
 from pytest_apc.config import Settings
-from pytest_apc.fleet import Fleet, Router
-from pytest_apc.gpus import cuda_visible_devices, gpu_memory_used_mib
-from pytest_apc.interface import Deployment
-from pytest_apc.offload import OffloadSizeError, OffloadSizes
-from pytest_apc.server import (
+from pytest_apc.serving.fleet import Fleet, Router
+from pytest_apc.serving.gpus import cuda_visible_devices, gpu_memory_used_mib
+from pytest_apc.serving.interface import Deployment
+from pytest_apc.serving.server import (
     ENV_PLACEHOLDER,
     Endpoint,
     ExternalServer,
@@ -57,6 +44,19 @@ from pytest_apc.server import (
     own_variables,
     server_env,
 )
+from pytest_apc.workload import offload
+from pytest_apc.workload.cases import (
+    DATA_PARALLEL,
+    EXTERNAL_FLEET,
+    FAMILY_MARKERS,
+    RunKey,
+    ServerMode,
+    Workload,
+    ceil_div,
+    longest_request_tokens,
+    workload_for,
+)
+from pytest_apc.workload.offload import OffloadSizeError, OffloadSizes
 
 # Room for the chat template on top of the longest workload, and the step --max-model-len is rounded to.
 TEMPLATE_HEADROOM = 256
@@ -343,11 +343,11 @@ def visible_gpus() -> list[str]:
 def served_model(settings: Settings, progress: Callable[[str], None]) -> str:
     """What the launched servers load: the configured model, or a generated one (made once, cached)."""
     if settings.model_shape:
-        from pytest_apc.tinymodel import ensure_shape_model
+        from pytest_apc.workload.models import ensure_shape_model
 
         return str(ensure_shape_model(settings.model_shape))
     if settings.profile == "cpu" and not settings.model:
-        from pytest_apc.tinymodel import ensure_tiny_model, tiny_model_cached
+        from pytest_apc.workload.models import ensure_tiny_model, tiny_model_cached
 
         if not tiny_model_cached():
             progress("generating the tiny CPU model (cached after the first run)")

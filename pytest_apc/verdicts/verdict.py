@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_apc import locality
-from pytest_apc.cases import Prediction, RunKey
 from pytest_apc.config import Settings
-from pytest_apc.metrics import Delta
-from pytest_apc.records import MeasurementError, RunRecord
-from pytest_apc.stats import Interval, fit_prefill_cost, prefill_speedup_bound, ratio_of_medians
+from pytest_apc.measure.records import MeasurementError, RunRecord
+from pytest_apc.serving.metrics import Delta
+from pytest_apc.verdicts import locality
+from pytest_apc.verdicts.stats import Interval, fit_prefill_cost, prefill_speedup_bound, ratio_of_medians
+from pytest_apc.workload.cases import Prediction, RunKey
 
 
 @dataclass

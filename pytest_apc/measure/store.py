@@ -14,7 +14,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from pytest_apc.records import Measured
+from pytest_apc.measure.records import Measured
 
 
 class RunStore:

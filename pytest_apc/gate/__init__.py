@@ -1,0 +1,8 @@
+"""The baseline gate: a run judged against an earlier one by the noise measured between cold repeats.
+
+Owns the noise statistics (``noise``), the comparison of two results documents (``compare``: ``Gate``,
+``compare_documents``) and ``python -m pytest_apc calibrate`` (``calibration``).
+
+Layer: above ``results``; may import ``results``, ``verdicts``, ``measure``, ``serving``, ``workload``,
+``config`` and ``redaction``.
+"""

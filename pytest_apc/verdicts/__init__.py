@@ -1,0 +1,46 @@
+"""The verdicts: what a test asserts about measured runs, each a pass or a fail with a message.
+
+Owns the pair and run verdicts and their diagnoses (``verdict``), the offload tier's (``tiers``), where a
+fleet's requests landed (``locality``) and the statistics behind the timing verdicts (``stats``).
+The suite's tests import this package: ``from pytest_apc import verdicts`` then ``verdicts.pure_effect(pair)``.
+
+Layer: above ``measure``; may import ``measure``, ``serving``, ``workload``, ``config`` and ``redaction``.
+"""
+
+from __future__ import annotations
+
+from pytest_apc.verdicts.tiers import eviction_predicted, hits_across_tiers, tier_pays_off
+from pytest_apc.verdicts.verdict import (
+    Pair,
+    Verdict,
+    apc_really_off,
+    cached_tokens_match,
+    fleet_accounting,
+    not_comparable,
+    not_slower,
+    prefill_saved,
+    prefix_locality,
+    pure_effect,
+    rag_effect,
+    same_as_default,
+    ttft_gain,
+)
+
+__all__ = [
+    "Pair",
+    "Verdict",
+    "apc_really_off",
+    "cached_tokens_match",
+    "eviction_predicted",
+    "fleet_accounting",
+    "hits_across_tiers",
+    "not_comparable",
+    "not_slower",
+    "prefill_saved",
+    "prefix_locality",
+    "pure_effect",
+    "rag_effect",
+    "same_as_default",
+    "tier_pays_off",
+    "ttft_gain",
+]
