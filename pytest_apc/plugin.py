@@ -1,10 +1,11 @@
 """pytest-apc's hooks and fixtures. Everything else lives in plain modules:
 
-* settings: ``config.py`` (every option / ini key / env variable, one precedence)
-* the A-F matrix and the expected hit count: ``cases.py`` (``predict``)
-* where the server is started: ``server.py`` (``LaunchedServer.start``), chosen by ``deployment.py``
-  (``deployment_for``) and driven by ``session.py`` (plan -> deployment -> ``measure.py`` -> ``records.py``)
-* the benchmark: ``bench.py``; metrics: ``metrics.py``; verdicts: ``verdict.py``; output: the ``report`` package
+* settings: ``config`` (every option / ini key / env variable, one precedence)
+* the case matrix and the expected hit count: ``workload.cases`` (``predict``); how a test marked
+  ``apc_cases`` is parametrized, the run plan and the unused settings: ``workload.plan``
+* what serves a mode: ``serving.deployment`` (``deployment_for``); the session that measures:
+  ``measure.session`` (plan -> deployment -> ``measure.run`` -> ``measure.records``)
+* verdicts: the ``verdicts`` package; the results file: ``results``; output: the ``report`` package
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from pytest_apc.results import document as results
 from pytest_apc.serving import deployment
 from pytest_apc.serving import process as procs
 from pytest_apc.verdicts.verdict import Pair, Verdict, not_comparable
-from pytest_apc.workload.cases import CASE_APC, CASE_FAMILY, FAMILY_MARKERS, OWN_MARKER_FAMILIES, RunKey
-from pytest_apc.workload.plan import TestUse, fleet_routes, unused_settings
+from pytest_apc.workload.cases import CASE_APC, FAMILY_MARKERS, OWN_MARKER_FAMILIES, RunKey
+from pytest_apc.workload.plan import APC_CASES_OPTIONS, TestUse, parametrization, unused_settings
 
 SETTINGS_KEY = pytest.StashKey[apc_config.Settings]()
 SESSION_KEY = pytest.StashKey[ApcSession]()
@@ -55,19 +56,16 @@ MARKERS = (
     "pure: cases C/D, a shared prefix and a short unique suffix (the pure APC effect)",
     "rag: cases E/F, a shared prefix and an equally long unique suffix (agent/RAG)",
     "sweep: the concurrency sweep over cases C-F",
-    "apc_cases(cases, sweep=False, hash_algos=False, sequential=False): parametrize apc_run / apc_pair over "
-    "these cases (e.g. 'CD') at the default concurrency, over --apc-sweep-concurrency (sweep), or per "
-    "--apc-hash-algos; cases N/O over --apc-offload-concurrency (sequential: at concurrency 1 only)",
+    f"apc_cases(cases, {', '.join(f'{name}=False' for name in APC_CASES_OPTIONS)}): parametrize apc_run / "
+    f"apc_pair over these cases ({', '.join(CASE_APC)}; e.g. 'CD') at the default concurrency, over "
+    "--apc-sweep-concurrency (sweep), or per --apc-hash-algos; case R once per route (fleet: each "
+    "--apc-router-policies policy, dp with --apc-data-parallel-size, or --apc-fleet-url's --apc-route-label); "
+    "cases N/O over --apc-offload-concurrency (sequential: at concurrency 1 only)",
     "hash_algo: the comparison of prefix-caching hash algorithms (--apc-hash-algos)",
     "fleet: case R on replicas behind a router (vllm-router policies, data parallel, an external fleet); "
     "not part of -m apc: select with -m fleet",
     "offload: cases N/O, a GPU cache too small for the prefix groups without and with a CPU offload tier "
     "(--gpu-node only); not part of -m apc: select with -m offload",
-)
-# Why the offload cases skip on --cpu-node.
-NO_CPU_OFFLOAD = (
-    "vLLM's CPU build has no KV offload tier (its native offloading connector needs CUDA or XPU): "
-    "the offload tests run on --gpu-node"
 )
 
 
@@ -169,59 +167,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if marker is None:
         return
     fixture = "apc_pair" if "apc_pair" in metafunc.fixturenames else "apc_run"
-    settings = metafunc.config.stash[SETTINGS_KEY]
     cases = marker.args[0] if marker.args else ""
-    unknown = [c for c in cases if c not in CASE_APC]
-    if not cases or unknown:
-        raise ValueError(
-            f"apc_cases({cases!r}) on {metafunc.definition.nodeid}: unknown case {''.join(unknown) or '(none)'}; "
-            "cases are A-F, e.g. @pytest.mark.apc_cases('CD')"
-        )
-    levels = settings.sweep_concurrency if marker.kwargs.get("sweep") else (settings.concurrency,)
-    if any(CASE_FAMILY[c] == "offload" for c in cases):
-        if settings.profile == "cpu":
-            _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0]), "cpu-node", NO_CPU_OFFLOAD)
-            return
-        levels = settings.offload_concurrency
-        if marker.kwargs.get("sequential"):  # a check that holds at concurrency 1 only
-            if 1 not in levels:
-                reason = f"concurrency 1 is not in --apc-offload-concurrency {','.join(map(str, levels))}"
-                _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0]), "no-c1", reason)
-                return
-            levels = (1,)
-    if marker.kwargs.get("fleet"):
-        routes = fleet_routes(settings)
-        if not routes:
-            reason = "no route to measure: --apc-router-policies is empty and --apc-data-parallel-size is 0"
-            _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0], route="none"), "no-routes", reason)
-            return
-        ids = [RunKey(case, settings.concurrency, route=route).id for case in cases for route in routes]
-        metafunc.parametrize(fixture, ids, indirect=True, ids=ids)
-        return
-    if marker.kwargs.get("sweep"):
-        cases = "".join(c for c in cases if c in settings.sweep_cases) or cases
-        if not any(c in settings.sweep_cases for c in marker.args[0]):
-            reason = f"cases {marker.args[0]} are not in --apc-sweep-cases {settings.sweep_cases}"
-            _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0]), "not-swept", reason)
-            return
-    if marker.kwargs.get("hash_algos"):
-        # Only the listed algorithms (the default's runs are what they are compared with).
-        if not settings.hash_algos:
-            reason = "no --apc-hash-algos given: nothing to compare with the default"
-            _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0]), "no-hash-algos", reason)
-            return
-        algos: tuple[str, ...] = tuple(settings.hash_algos)
-    else:
-        algos = ("",)
-    ids = [RunKey(case, c, algo).id for case in cases for c in levels for algo in algos]
-    metafunc.parametrize(fixture, ids, indirect=True, ids=ids)
-
-
-def _parametrize_skipped(metafunc: pytest.Metafunc, fixture: str, key: RunKey, test_id: str, reason: str) -> None:
-    """One skipped parameter with a readable id, for a test whose runs this configuration does not make
-    (skipped items are not planned, so nothing is measured for it)."""
-    metafunc.parametrize(fixture, [pytest.param(key.id, marks=pytest.mark.skip(reason=reason))], indirect=True,
-                         ids=[test_id])  # fmt: skip
+    try:
+        params = parametrization(cases, marker.kwargs, metafunc.config.stash[SETTINGS_KEY])
+    except ValueError as err:
+        raise ValueError(f"apc_cases({cases!r}) on {metafunc.definition.nodeid}: {err}") from None
+    values = [pytest.param(p.run_id, marks=[pytest.mark.skip(reason=p.skip)] if p.skip else ()) for p in params]
+    metafunc.parametrize(fixture, values, indirect=True, ids=[p.test_id for p in params])
 
 
 def _keys_of(item: pytest.Item) -> list[RunKey]:

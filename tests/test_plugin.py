@@ -46,6 +46,17 @@ def test_markers_are_registered(pytester: pytest.Pytester) -> None:
     )
 
 
+def test_the_apc_cases_help_names_every_option_and_case(pytester: pytest.Pytester) -> None:
+    """``pytest --markers`` documents the marker: each of its options (fleet= too) and every case."""
+    from pytest_apc.workload.plan import APC_CASES_OPTIONS
+
+    lines = pytester.runpytest("--markers").stdout.lines
+    help_line = next(line for line in lines if line.startswith("@pytest.mark.apc_cases("))
+    for name in APC_CASES_OPTIONS:
+        assert f"{name}=False" in help_line, name
+    assert "A, B, C, D, E, F, R, N, O" in help_line
+
+
 def test_without_profile_apc_tests_skip_naming_both_flags(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(SUITE.replace("pytestmark = pytest.mark.apc", ""))
     result = pytester.runpytest("-rs")

@@ -1,18 +1,20 @@
-"""The run plan: which runs the selected tests need, grouped by the server mode they run on.
+"""The run plan: how a test marked ``apc_cases`` is parametrized, which runs the selected tests need
+(grouped by the server mode they run on), and which given settings no selected test uses.
 
-The plugin adds every run a selected test uses at collection (after ``-m`` / ``-k``), so the session can
-measure all runs of a mode on one deployment, once.
+The plugin parametrizes each marked test with :func:`parametrization` and adds every run a selected test
+uses at collection (after ``-m`` / ``-k``), so the session can measure all runs of a mode on one
+deployment, once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_apc.config import SPEC_BY_NAME, Settings
 from pytest_apc.redaction import redact
-from pytest_apc.workload.cases import CASE_FAMILY, DATA_PARALLEL, RunKey, ServerMode
+from pytest_apc.workload.cases import CASE_APC, CASE_FAMILY, DATA_PARALLEL, RunKey, ServerMode
 
 
 @dataclass
@@ -151,3 +153,74 @@ def fleet_routes(settings: Settings) -> tuple[str, ...]:
     if settings.fleet_url:
         return (settings.route_label,)
     return settings.router_policies + ((DATA_PARALLEL,) if settings.data_parallel_size else ())
+
+
+# The keyword arguments of @pytest.mark.apc_cases(cases, ...), each a flag.
+APC_CASES_OPTIONS = ("sweep", "hash_algos", "sequential", "fleet")
+# Why the offload cases skip on --cpu-node.
+NO_CPU_OFFLOAD = (
+    "vLLM's CPU build has no KV offload tier (its native offloading connector needs CUDA or XPU): "
+    "the offload tests run on --gpu-node"
+)
+
+
+@dataclass(frozen=True)
+class RunParam:
+    """One parameter of a test marked ``apc_cases``: the run id its ``apc_run`` / ``apc_pair`` gets, the id
+    in the test's name, and why this configuration makes no run for it (None: the run is measured)."""
+
+    run_id: str
+    test_id: str
+    skip: str | None = None
+
+
+def parametrization(cases: str, options: Mapping[str, Any], settings: Settings) -> list[RunParam]:
+    """The parameters of a test marked ``apc_cases(cases, **options)`` under these settings: one per case,
+    concurrency and hash algorithm (or route, for the fleet case), or one skipped parameter with a readable
+    id where this configuration makes none of its runs (skipped tests are not planned, so nothing is
+    measured for them). Raises ValueError for an unknown case or option."""
+    unknown = [c for c in cases if c not in CASE_APC]
+    if not cases or unknown:
+        raise ValueError(
+            f"unknown case {''.join(unknown) or '(none)'}; cases are {', '.join(CASE_APC)}, "
+            "e.g. @pytest.mark.apc_cases('CD')"
+        )
+    odd = [name for name in options if name not in APC_CASES_OPTIONS]
+    if odd:
+        raise ValueError(f"unknown option {', '.join(odd)}; the options are {', '.join(APC_CASES_OPTIONS)}")
+
+    def skipped(key: RunKey, test_id: str, reason: str) -> list[RunParam]:
+        return [RunParam(key.id, test_id, reason)]
+
+    levels = settings.sweep_concurrency if options.get("sweep") else (settings.concurrency,)
+    if any(CASE_FAMILY[c] == "offload" for c in cases):
+        if settings.profile == "cpu":
+            return skipped(RunKey(cases[0], levels[0]), "cpu-node", NO_CPU_OFFLOAD)
+        levels = settings.offload_concurrency
+        if options.get("sequential"):  # a check that holds at concurrency 1 only
+            if 1 not in levels:
+                reason = f"concurrency 1 is not in --apc-offload-concurrency {','.join(map(str, levels))}"
+                return skipped(RunKey(cases[0], levels[0]), "no-c1", reason)
+            levels = (1,)
+    if options.get("fleet"):
+        routes = fleet_routes(settings)
+        if not routes:
+            reason = "no route to measure: --apc-router-policies is empty and --apc-data-parallel-size is 0"
+            return skipped(RunKey(cases[0], levels[0], route="none"), "no-routes", reason)
+        keys = [RunKey(case, settings.concurrency, route=route) for case in cases for route in routes]
+        return [RunParam(key.id, key.id) for key in keys]
+    if options.get("sweep"):
+        swept = "".join(c for c in cases if c in settings.sweep_cases)
+        if not swept:
+            reason = f"cases {cases} are not in --apc-sweep-cases {settings.sweep_cases}"
+            return skipped(RunKey(cases[0], levels[0]), "not-swept", reason)
+        cases = swept
+    algos: tuple[str, ...] = ("",)
+    if options.get("hash_algos"):
+        # Only the listed algorithms (the default's runs are what they are compared with).
+        if not settings.hash_algos:
+            reason = "no --apc-hash-algos given: nothing to compare with the default"
+            return skipped(RunKey(cases[0], levels[0]), "no-hash-algos", reason)
+        algos = settings.hash_algos
+    keys = [RunKey(case, c, algo) for case in cases for c in levels for algo in algos]
+    return [RunParam(key.id, key.id) for key in keys]
