@@ -3,8 +3,9 @@
 * settings: ``config`` (every option / ini key / env variable, one precedence)
 * the case matrix and the expected hit count: ``workload.cases`` (``predict``); how a test marked
   ``apc_cases`` is parametrized, the run plan and the unused settings: ``workload.plan``
-* what serves a mode: ``serving.deployment`` (``deployment_for``); the session that measures:
-  ``measure.session`` (plan -> deployment -> ``measure.run`` -> ``measure.records``)
+* what serves a mode: ``serving.deployment`` (``deployment_for``); what is checked before any server
+  starts: ``serving.preflight``; the session that measures: ``measure.session`` (plan -> deployment ->
+  ``measure.run`` -> ``measure.records``)
 * verdicts: the ``verdicts`` package; the results file: ``results``; output: the ``report`` package
 """
 
@@ -27,7 +28,7 @@ from pytest_apc import redaction, report
 from pytest_apc.measure.records import MeasurementError, RunRecord
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.results import document as results
-from pytest_apc.serving import deployment
+from pytest_apc.serving import preflight
 from pytest_apc.serving import process as procs
 from pytest_apc.verdicts.verdict import Pair, Verdict, not_comparable
 from pytest_apc.workload.cases import CASE_APC, FAMILY_MARKERS, OWN_MARKER_FAMILIES, RunKey
@@ -39,6 +40,9 @@ SIGTERM_KEY = pytest.StashKey[Any]()
 VERDICTS_KEY = pytest.StashKey[list[Verdict]]()
 NODE_LOCK_KEY = pytest.StashKey[IO[str]]()
 DESELECTED_KEY = pytest.StashKey[list[pytest.Item]]()
+REPORTER = "apc-reporter"  # the controller's ControllerReporter, as registered
+# A file in the run's process registry: an xdist worker's selected tests may start a server on this node.
+NODE_LOCK_WANTED = "node-lock-wanted"
 
 
 class ApcUnusedOptionWarning(pytest.PytestWarning):
@@ -92,7 +96,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(err)) from None
     config.stash[SETTINGS_KEY] = settings
     if not _is_worker(config):
-        missing = deployment.missing_benchmark(settings)
+        missing = preflight.missing_benchmark(settings)
         if missing:
             raise pytest.UsageError(missing)
     if _is_worker(config):
@@ -108,15 +112,10 @@ def pytest_configure(config: pytest.Config) -> None:
             signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     redaction.register(settings.api_key)
     redaction.register(settings.replica_api_key)
-    if settings.profile == "gpu" and not _is_worker(config) and deployment.may_launch(settings, config.option.markexpr):
-        try:
-            config.stash[NODE_LOCK_KEY] = procs.acquire_node_lock()
-        except RuntimeError as err:
-            raise pytest.UsageError(str(err)) from None
     if settings.enabled:
         config.stash[SESSION_KEY] = apc = _new_session(config, settings)
         if not _is_worker(config):
-            config.pluginmanager.register(report.ControllerReporter(config, apc), "apc-reporter")
+            config.pluginmanager.register(report.ControllerReporter(config, apc), REPORTER)
 
 
 def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSession:
@@ -223,15 +222,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"apc_without_profile=fail ({settings.sources.get('without_profile')}): {SKIP_REASON}"
         )
     skip = pytest.mark.skip(reason=SKIP_REASON)
+    undeclared = 0  # selected tests that measure runs they do not declare
     for item in items:
         if not _measures(item):
             continue
         if session is None:
             item.add_marker(skip)
         elif item.get_closest_marker("skip") is None:
-            session.plan.add(_runs_of(item))
+            runs = _runs_of(item)
+            session.plan.add(runs)
+            undeclared += not runs
     if session is not None and settings is not None:
         _warn_unused_settings(config, settings, session, items)
+        _hold_the_node(config, preflight.node_lock_needed(settings, session.plan.keys, undeclared))
+
+
+def _hold_the_node(config: pytest.Config, why: str | None) -> None:
+    """Take this node's GPU lock, after collection and before any server starts, when the selected tests
+    may start one here (``why``). Under xdist the workers collect and the controller holds the lock: a
+    worker leaves ``why`` in the run's registry, and the controller takes the lock when the worker's
+    collection reaches it, before any test is scheduled."""
+    if why is None or NODE_LOCK_KEY in config.stash:
+        return
+    if _is_worker(config):
+        (procs.registry_dir() / NODE_LOCK_WANTED).write_text(why)
+        return
+    try:
+        config.stash[NODE_LOCK_KEY] = procs.acquire_node_lock()
+    except RuntimeError as err:
+        # Refused before anything ran: no results folder, summary or table for a run that did not happen.
+        if config.pluginmanager.has_plugin(REPORTER):
+            config.pluginmanager.unregister(name=REPORTER)
+        raise pytest.UsageError(f"{err}. This run needs them: {why}") from None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: Sequence[str]) -> None:
+    """xdist controller: a worker's collection is in, no test is scheduled yet: the node lock, if wanted."""
+    wanted = procs.registry_dir() / NODE_LOCK_WANTED
+    if wanted.is_file():
+        _hold_the_node(node.config, wanted.read_text())
 
 
 def pytest_deselected(items: Sequence[pytest.Item]) -> None:

@@ -555,7 +555,7 @@ def test_missing_xxhash_is_named_before_launching(pytester, tmp_path, monkeypatc
     import importlib.util
 
     from pytest_apc import config as apc_config
-    from pytest_apc.serving.deployment import missing_requirement
+    from pytest_apc.serving.preflight import missing_requirement
     from pytest_apc.workload.cases import ServerMode
 
     settings = apc_config.resolve(pytester.parseconfig("--cpu-node"), environ={})

@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
-
 import pytest
 
-from pytest_apc.config import Settings, default_for, setting_names
 from pytest_apc.workload.plan import NO_CPU_OFFLOAD, RunParam, parametrization
-
-
-def settings(profile: str | None = "gpu", **changes: Any) -> Settings:
-    """Every setting at its default for ``profile``, with ``changes``."""
-    values = {name: default_for(name, profile) for name in setting_names()}
-    return replace(Settings(**{**values, "profile": profile}, sources={}), **changes)
+from tests.conftest import default_settings as settings
 
 
 def ids(params: list[RunParam]) -> list[str]:
