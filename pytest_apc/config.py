@@ -164,6 +164,7 @@ class Spec:
     gpu: Any = None  # profile defaults, used when not None
     cpu: Any = None
     repeatable: bool = False  # option may be given several times; ini is a line list
+    family: str = ""  # the one case family that reads this setting ("": several, or not a case's)
 
     @property
     def option(self) -> str:
@@ -190,12 +191,19 @@ def setting(
     *,
     gpu: T | None = None,
     cpu: T | None = None,
+    family: str = "",
 ) -> T: ...
 
 
 @overload
 def setting(
-    parse: Callable[[str], T], default: tuple[T, ...], help: str, metavar: str = "VALUE", *, repeatable: Literal[True]
+    parse: Callable[[str], T],
+    default: tuple[T, ...],
+    help: str,
+    metavar: str = "VALUE",
+    *,
+    repeatable: Literal[True],
+    family: str = "",
 ) -> tuple[T, ...]: ...
 
 
@@ -208,16 +216,18 @@ def setting(
     gpu: Any = None,
     cpu: Any = None,
     repeatable: bool = False,
+    family: str = "",
 ) -> Any:
     """Declare one setting as a :class:`Settings` field, whose name and annotation are the setting's.
 
     The field gets no dataclass default: :func:`resolve` always passes every value. A repeatable
-    setting's ``parse`` applies to each item.
+    setting's ``parse`` applies to each item. ``family``: the case family that alone reads it (the plan
+    warns when it is given and no test of that family is selected).
     """
     # A dataclasses.Field, typed by the overloads as the value so that mypy holds ``parse``, ``default``
     # and the profile defaults to the field's annotation.
     declared = {"parse": parse, "default": default, "help": help, "metavar": metavar}
-    declared |= {"gpu": gpu, "cpu": cpu, "repeatable": repeatable}
+    declared |= {"gpu": gpu, "cpu": cpu, "repeatable": repeatable, "family": family}
     return field(metadata={_SPEC: declared})
 
 
@@ -355,6 +365,7 @@ class Settings:
             "Default: --apc-api-key. Redacted like it; prefer PYTEST_APC_REPLICA_API_KEY"
         ),
         "KEY",
+        family="fleet",
     )
     ca_bundle: str = setting(
         _str,
@@ -543,6 +554,7 @@ class Settings:
         2,
         "Fleet tests: vLLM replicas launched behind vllm-router (on a GPU node each gets its own GPUs)",
         "N",
+        family="fleet",
     )
     router_policies: tuple[str, ...] = setting(
         _router_policies,
@@ -552,24 +564,36 @@ class Settings:
             "per policy, every replica's cache reset); empty for none"
         ),
         "POLICY,...",
+        family="fleet",
     )
     router_command: tuple[str, ...] = setting(
-        _args, ("vllm-router",), "Fleet tests: command that starts vllm-router (pip install 'pytest-apc[fleet]')", "CMD"
+        _args,
+        ("vllm-router",),
+        "Fleet tests: command that starts vllm-router (pip install 'pytest-apc[fleet]')",
+        "CMD",
+        family="fleet",
     )
     router_arg: tuple[str, ...] = setting(
-        _str, (), "Fleet tests: extra argument of the launched vllm-router (repeatable)", "ARG", repeatable=True
+        _str,
+        (),
+        "Fleet tests: extra argument of the launched vllm-router (repeatable)",
+        "ARG",
+        repeatable=True,
+        family="fleet",
     )
     data_parallel_size: int = setting(
         _non_negative_int,
         0,
         "Fleet tests: also measure one vLLM server with --data-parallel-size N (its own balancer); 0: not",
         "N",
+        family="fleet",
     )
     prefix_groups: int = setting(
         _positive_int,
         1,
         "Fleet tests: distinct shared prefixes (G), --apc-num-prompts / G requests each; must divide the prompts",
         "G",
+        family="fleet",
     )
     fleet_url: str = setting(
         _url,
@@ -579,6 +603,7 @@ class Settings:
             "launching one; needs every replica's --apc-metrics-url"
         ),
         "URL",
+        family="fleet",
     )
     metrics_url: tuple[str, ...] = setting(
         _url,
@@ -589,6 +614,7 @@ class Settings:
         ),
         "URL",
         repeatable=True,
+        family="fleet",
     )
     route_label: str = setting(
         _route_label,
@@ -599,6 +625,7 @@ class Settings:
             "a vllm-router policy nor dp"
         ),
         "NAME",
+        family="fleet",
     )
     fleet_promise: str = setting(
         _one_of("spread", "affinity", "none"),
@@ -610,6 +637,7 @@ class Settings:
             "none (reported only)"
         ),
         "spread|affinity|none",
+        family="fleet",
     )
     max_routing_cost: float | None = setting(
         number(float, low=0, high=100),
@@ -620,6 +648,7 @@ class Settings:
             "fleet); prefix_locality fails above it. Unset: reported only"
         ),
         "PERCENT",
+        family="fleet",
     )
 
     offload_groups: int = setting(
@@ -630,6 +659,7 @@ class Settings:
             "order: their working set is what the small GPU cache cannot hold and the CPU tier must"
         ),
         "G",
+        family="offload",
     )
     offload_concurrency: tuple[int, ...] = setting(
         _int_list,
@@ -639,12 +669,14 @@ class Settings:
             "predicted exactly by replaying vLLM's block pool; above it they are reported)"
         ),
         "N,N",
+        family="offload",
     )
     offload_output_len: int = setting(
         _positive_int,
         64,
         "Offload tests: output tokens per request (short: the case measures the prefill each tier serves)",
         "N",
+        family="offload",
     )
     offload_gpu_blocks: int = setting(
         _non_negative_int,
@@ -654,6 +686,7 @@ class Settings:
             "and a half requests' worth, so that one request fits and the prefix groups do not"
         ),
         "BLOCKS",
+        family="offload",
     )
     offload_tier_gib: float = setting(
         number(float, low=0),
@@ -664,6 +697,7 @@ class Settings:
             "token; a smaller one is a warning that states the tokens short"
         ),
         "GIB",
+        family="offload",
     )
 
     @property

@@ -1,10 +1,16 @@
-"""How a test marked apc_cases is parametrized, decided from the settings alone (no pytest involved)."""
+"""The plan, decided from the settings alone (no pytest involved): how a test marked apc_cases is
+parametrized, and which given settings no selected test uses."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from pytest_apc.workload.plan import NO_CPU_OFFLOAD, RunParam, parametrization
+from pytest_apc.config import SPEC_BY_NAME, SPECS
+from pytest_apc.workload import plan
+from pytest_apc.workload.cases import FAMILIES, FAMILY_LENGTHS, FAMILY_MARKERS, RunKey, workload_for
+from pytest_apc.workload.plan import FAMILY_ONLY, NO_CPU_OFFLOAD, RunParam, parametrization, unused_settings
 from tests.conftest import default_settings as settings
 
 
@@ -65,3 +71,42 @@ def test_an_unknown_case_or_option_is_refused(cases: str, options: dict[str, boo
     with pytest.raises(ValueError) as raised:
         parametrization(cases, options, settings())
     assert str(raised.value).startswith(message)
+
+
+def test_a_length_setting_changes_the_workloads_of_the_families_said_to_read_it() -> None:
+    """FAMILY_LENGTHS is what workload_for reads, so the unused-length warnings derived from it are right."""
+    base = settings()
+    for name in ("prefix_len", "suffix_len", "rag_prefix_len", "input_len"):
+        changed = replace(base, **{name: getattr(base, name) // 2})
+        moved = {family for family in FAMILIES if workload_for(family, changed) != workload_for(family, base)}
+        assert moved == {family for family, lengths in FAMILY_LENGTHS.items() if name in lengths}, name
+
+
+def test_every_family_only_setting_says_so_in_its_help() -> None:
+    """A setting declared with family= is one whose help starts with that family's tests, and back."""
+    assert set(FAMILY_LENGTHS) == set(FAMILIES)
+    for spec in SPECS:
+        assert spec.family in ("", *FAMILY_ONLY), spec.name
+        for family in FAMILY_ONLY:
+            assert spec.help.startswith(f"{family.capitalize()} tests") == (spec.family == family), spec.name
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("prefix_len", 4096, "no selected test runs C/D, R, N or O, the cases with this length"),
+        ("suffix_len", 64, "no selected test runs C/D, R, N or O, the cases with this length"),
+        ("rag_prefix_len", 4000, "no selected test runs E/F, the only cases with this length"),
+        ("input_len", 4096, "no selected test runs A/B or E/F, the cases with this length"),
+        ("offload_groups", 3, "no selected test measures the offload tier (cases N/O, -m offload)"),
+        ("replicas", 3, "no selected test measures a fleet (case R, -m fleet)"),
+    ],
+)
+def test_a_family_setting_no_selected_case_reads_is_named(name: str, value: int, message: str) -> None:
+    """Word for word: which cases would read it, derived from the one declaration of who reads what."""
+    given = replace(settings(), **{name: value}, sources={name: f"option {SPEC_BY_NAME[name].option}"})
+    planned = [plan.TestUse((RunKey("B", 8),))] if name != "input_len" else [plan.TestUse((RunKey("D", 8),))]
+    head = f"{SPEC_BY_NAME[name].option} {value} (option {SPEC_BY_NAME[name].option})"
+    assert unused_settings(given, planned, [], [], "the selection", FAMILY_MARKERS) == [
+        f"{head}: {message} (no collected test would)"
+    ]

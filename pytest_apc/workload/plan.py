@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_apc.config import SPEC_BY_NAME, Settings
+from pytest_apc.config import SPEC_BY_NAME, SPECS, Settings
 from pytest_apc.redaction import redact
-from pytest_apc.workload.cases import CASE_APC, CASE_FAMILY, DATA_PARALLEL, RunKey, ServerMode
+from pytest_apc.workload.cases import CASE_APC, CASE_FAMILY, DATA_PARALLEL, FAMILY_LENGTHS, PAIRS, RunKey, ServerMode
 
 
 @dataclass
@@ -32,15 +32,12 @@ class Plan:
         return sorted({k.mode for k in self.keys})
 
 
-# Settings only the fleet case reads.
-FLEET_SETTINGS = (
-    "replicas", "router_policies", "router_command", "router_arg", "data_parallel_size", "prefix_groups", "fleet_url",
-    "metrics_url", "replica_api_key", "route_label", "fleet_promise", "max_routing_cost",
-)  # fmt: skip
-# Settings only the offload cases read.
-OFFLOAD_SETTINGS = (
-    "offload_groups", "offload_concurrency", "offload_output_len", "offload_gpu_blocks", "offload_tier_gib",
-)  # fmt: skip
+# What no selected test does when a setting that only one family reads (``setting(..., family=...)``) is
+# unused.
+FAMILY_ONLY = {
+    "fleet": "no selected test measures a fleet (case R, -m fleet)",
+    "offload": "no selected test measures the offload tier (cases N/O, -m offload)",
+}
 # The baseline gate's settings: the baseline first, then what only matters with one.
 BASELINE_SETTINGS = ("baseline", "baseline_false_alarm", "baseline_repeats")
 
@@ -62,6 +59,31 @@ def is_explicit(source: str | None) -> bool:
 def _levels(pair: str, keys: Sequence[RunKey]) -> str:
     levels = sorted({k.concurrency for k in keys})
     return f"{pair} planned at concurrency {', '.join(map(str, levels))}" if levels else f"no {pair} planned"
+
+
+def _length_readers() -> dict[str, tuple[str, ...]]:
+    """Each length setting (in declaration order) and the families whose workload reads it."""
+    readers = {
+        name: tuple(family for family, lengths in FAMILY_LENGTHS.items() if name in lengths)
+        for lengths in FAMILY_LENGTHS.values()
+        for name in lengths
+        if name
+    }
+    return {spec.name: readers[spec.name] for spec in SPECS if spec.name in readers}
+
+
+def _cases_in_words(families: Sequence[str]) -> str:
+    """The cases of ``families`` as a list in words; an APC-off case and its APC-on partner as one, "C/D"."""
+    words: list[str] = []
+    for case, family in CASE_FAMILY.items():
+        off = PAIRS.get(case, "")
+        if family not in families:
+            continue
+        if off in words and not CASE_APC[off]:  # the APC-on case of a pair: beside its APC-off case
+            words[words.index(off)] = f"{off}/{case}"
+        else:
+            words.append(case)
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
 def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, Callable[[TestUse], bool], str]]:
@@ -90,13 +112,11 @@ def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, C
         ("pure_gain_concurrency", lambda use: any(k.case == "D" and (not pure_gain or k.concurrency <= pure_gain)
                                                   and not k.hash_algo for k in use.keys),
          f"no selected test judges the C/D pair at concurrency {pure_gain} or below; {pure_levels}"),
-        *((name, family("pure", "fleet", "offload"), "no selected test runs C/D, R, N or O, the cases with this length")
-          for name in ("prefix_len", "suffix_len")),
-        ("rag_prefix_len", family("rag"), "no selected test runs E/F, the only cases with this length"),
-        ("input_len", family("overhead", "rag"), "no selected test runs A/B or E/F, the cases with this length"),
-        *((name, family("fleet"), "no selected test measures a fleet (case R, -m fleet)") for name in FLEET_SETTINGS),
-        *((name, family("offload"), "no selected test measures the offload tier (cases N/O, -m offload)")
-          for name in OFFLOAD_SETTINGS),
+        *((name, family(*readers), f"no selected test runs {_cases_in_words(readers)}, the "
+                                   f"{'only ' if len(readers) == 1 else ''}cases with this length")
+          for name, readers in _length_readers().items()),
+        *((spec.name, family(spec.family), FAMILY_ONLY[spec.family])
+          for fam in FAMILY_ONLY for spec in SPECS if spec.family == fam),
         ("url_on", lambda use: any(k.apc and not k.route for k in use.keys),
          "no selected test measures on an APC-on server"),
         ("url_off", lambda use: any(not k.apc for k in use.keys), "no selected test measures on the APC-off server"),
