@@ -40,16 +40,22 @@ class SettingError(ValueError):
 
 
 def number(kind: type[N], *, low: N, low_open: bool = False, high: N | None = None) -> Callable[[str], N]:
-    """A parser for a ``kind`` number of at least ``low`` (above it when ``low_open``) and at most ``high``."""
+    """A parser for a ``kind`` number of at least ``low`` (above it when ``low_open``) and at most ``high``;
+    what it refuses, it names in words (``must be an integer >= 2``), never in Python's."""
     if high is not None:
         wanted = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
     elif kind is int and low == 1 and not low_open:
         wanted = "a positive integer"
     else:
         wanted = f"{'>' if low_open else '>='} {low:g}"
+    # For text that is no number at all: the kind too.
+    a_kind = wanted if wanted.startswith("a ") else f"{'an integer' if kind is int else 'a number'} {wanted}"
 
     def parse(text: str) -> N:
-        value = kind(text)
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(f"must be {a_kind}") from None
         # Phrased as what is allowed so that NaN, which compares false with everything, is refused.
         if not ((low < value if low_open else low <= value) and (high is None or value <= high)):
             raise ValueError(f"must be {wanted}")
@@ -66,7 +72,10 @@ _fraction_or_zero = number(float, low=0, high=1)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
-    values = tuple(_positive_int(part) for part in text.replace(",", " ").split())
+    try:
+        values = tuple(_positive_int(part) for part in text.replace(",", " ").split())
+    except ValueError:
+        raise ValueError("each value must be a positive integer (a comma-separated list, e.g. 1,8)") from None
     if not values:
         raise ValueError("must list at least one positive integer")
     if len(set(values)) != len(values):
@@ -146,7 +155,11 @@ def _one_of(*choices: str) -> Callable[[str], str]:
 
 
 def _args(text: str) -> tuple[str, ...]:
-    return tuple(shlex.split(text))
+    """A shell-quoted command line, split as a shell would."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as err:  # shlex's "No closing quotation", "No escaped character"
+        raise ValueError(f"must be a shell-quoted command line ({str(err).lower()})") from None
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,33 @@ class Spec:
     @property
     def option(self) -> str:
         return "--apc-" + self.name.replace("_", "-")
+
+    def shown(self, value: Any) -> str:
+        """``value`` as one would give it: a list comma-separated, a command line space-separated; "" for
+        none (unset, empty)."""
+        if value is None or value == "" or value == ():
+            return ""
+        if isinstance(value, tuple):
+            return (" " if self.parse is _args or self.repeatable else ",").join(map(str, value))
+        return str(value)
+
+    @property
+    def defaults(self) -> str:
+        """The defaults in words, for the help: ``Default: 1800.0 (--cpu-node: 600.0)``, a profile's only
+        where it differs; "" when there is none to show (the help says in words what applies then)."""
+        profiles = [
+            f"{flag}: {self.shown(value) or 'none'}"
+            for flag, value in (("--gpu-node", self.gpu), ("--cpu-node", self.cpu))
+            if value is not None and value != self.default
+        ]
+        if not self.shown(self.default) and not profiles:
+            return ""
+        return f"Default: {self.shown(self.default) or 'none'}" + (f" ({'; '.join(profiles)})" if profiles else "")
+
+    @property
+    def described(self) -> str:
+        """The help text with the defaults: what ``--help`` and the ini key's help show."""
+        return f"{self.help}. {self.defaults}" if self.defaults else self.help
 
     @property
     def ini(self) -> str:
@@ -668,7 +708,7 @@ class Settings:
             "Offload tests: the --max-concurrency levels of cases N and O (at 1 the GPU cache's own hits are "
             "predicted exactly by replaying vLLM's block pool; above it they are reported)"
         ),
-        "N,N",
+        "N,N,...",
         family="offload",
     )
     offload_output_len: int = setting(
@@ -747,13 +787,13 @@ def add_options(parser: pytest.Parser) -> None:
         help="Launch vLLM's CPU build with the generated tiny model, lengths scaled down (same as --apc-profile=cpu)",
     )
     for spec in SPECS:
-        help_text = f"{spec.help}. Env: {spec.env}; ini: {spec.ini}".replace("%", "%%")  # argparse formats %
+        help_text = f"{spec.described}. Env: {spec.env}; ini: {spec.ini}".replace("%", "%%")  # argparse formats %
         if spec.repeatable:
             group.addoption(spec.option, action="append", dest=spec.ini, metavar=spec.metavar, help=help_text)
-            parser.addini(spec.ini, spec.help, type="args")
+            parser.addini(spec.ini, spec.described, type="args")
         else:
             group.addoption(spec.option, dest=spec.ini, metavar=spec.metavar, help=help_text)
-            parser.addini(spec.ini, spec.help, type="string", default="")
+            parser.addini(spec.ini, spec.described, type="string", default="")
 
 
 def _raw(spec: Spec, config: pytest.Config, environ: dict[str, str]) -> tuple[Any, str] | None:
@@ -772,7 +812,7 @@ def _raw(spec: Spec, config: pytest.Config, environ: dict[str, str]) -> tuple[An
 def _convert(spec: Spec, raw: Any, where: str) -> Any:
     try:
         if spec.repeatable:
-            items = shlex.split(raw) if isinstance(raw, str) else list(raw)
+            items = _args(raw) if isinstance(raw, str) else list(raw)
             return tuple(spec.parse(item) for item in items)
         if spec.parse in (_args,) and not isinstance(raw, str):
             return tuple(raw)
