@@ -40,16 +40,22 @@ class SettingError(ValueError):
 
 
 def number(kind: type[N], *, low: N, low_open: bool = False, high: N | None = None) -> Callable[[str], N]:
-    """A parser for a ``kind`` number of at least ``low`` (above it when ``low_open``) and at most ``high``."""
+    """A parser for a ``kind`` number of at least ``low`` (above it when ``low_open``) and at most ``high``;
+    what it refuses, it names in words (``must be an integer >= 2``), never in Python's."""
     if high is not None:
         wanted = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
     elif kind is int and low == 1 and not low_open:
         wanted = "a positive integer"
     else:
         wanted = f"{'>' if low_open else '>='} {low:g}"
+    # For text that is no number at all: the kind too.
+    a_kind = wanted if wanted.startswith("a ") else f"{'an integer' if kind is int else 'a number'} {wanted}"
 
     def parse(text: str) -> N:
-        value = kind(text)
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(f"must be {a_kind}") from None
         # Phrased as what is allowed so that NaN, which compares false with everything, is refused.
         if not ((low < value if low_open else low <= value) and (high is None or value <= high)):
             raise ValueError(f"must be {wanted}")
@@ -66,7 +72,10 @@ _fraction_or_zero = number(float, low=0, high=1)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
-    values = tuple(_positive_int(part) for part in text.replace(",", " ").split())
+    try:
+        values = tuple(_positive_int(part) for part in text.replace(",", " ").split())
+    except ValueError:
+        raise ValueError("each value must be a positive integer (a comma-separated list, e.g. 1,8)") from None
     if not values:
         raise ValueError("must list at least one positive integer")
     if len(set(values)) != len(values):
@@ -146,7 +155,11 @@ def _one_of(*choices: str) -> Callable[[str], str]:
 
 
 def _args(text: str) -> tuple[str, ...]:
-    return tuple(shlex.split(text))
+    """A shell-quoted command line, split as a shell would."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as err:  # shlex's "No closing quotation", "No escaped character"
+        raise ValueError(f"must be a shell-quoted command line ({str(err).lower()})") from None
 
 
 @dataclass(frozen=True)
@@ -164,10 +177,38 @@ class Spec:
     gpu: Any = None  # profile defaults, used when not None
     cpu: Any = None
     repeatable: bool = False  # option may be given several times; ini is a line list
+    family: str = ""  # the one case family that reads this setting ("": several, or not a case's)
 
     @property
     def option(self) -> str:
         return "--apc-" + self.name.replace("_", "-")
+
+    def shown(self, value: Any) -> str:
+        """``value`` as one would give it: a list comma-separated, a command line space-separated; "" for
+        none (unset, empty)."""
+        if value is None or value == "" or value == ():
+            return ""
+        if isinstance(value, tuple):
+            return (" " if self.parse is _args or self.repeatable else ",").join(map(str, value))
+        return str(value)
+
+    @property
+    def defaults(self) -> str:
+        """The defaults in words, for the help: ``Default: 1800.0 (--cpu-node: 600.0)``, a profile's only
+        where it differs; "" when there is none to show (the help says in words what applies then)."""
+        profiles = [
+            f"{flag}: {self.shown(value) or 'none'}"
+            for flag, value in (("--gpu-node", self.gpu), ("--cpu-node", self.cpu))
+            if value is not None and value != self.default
+        ]
+        if not self.shown(self.default) and not profiles:
+            return ""
+        return f"Default: {self.shown(self.default) or 'none'}" + (f" ({'; '.join(profiles)})" if profiles else "")
+
+    @property
+    def described(self) -> str:
+        """The help text with the defaults: what ``--help`` and the ini key's help show."""
+        return f"{self.help}. {self.defaults}" if self.defaults else self.help
 
     @property
     def ini(self) -> str:
@@ -190,12 +231,19 @@ def setting(
     *,
     gpu: T | None = None,
     cpu: T | None = None,
+    family: str = "",
 ) -> T: ...
 
 
 @overload
 def setting(
-    parse: Callable[[str], T], default: tuple[T, ...], help: str, metavar: str = "VALUE", *, repeatable: Literal[True]
+    parse: Callable[[str], T],
+    default: tuple[T, ...],
+    help: str,
+    metavar: str = "VALUE",
+    *,
+    repeatable: Literal[True],
+    family: str = "",
 ) -> tuple[T, ...]: ...
 
 
@@ -208,16 +256,18 @@ def setting(
     gpu: Any = None,
     cpu: Any = None,
     repeatable: bool = False,
+    family: str = "",
 ) -> Any:
     """Declare one setting as a :class:`Settings` field, whose name and annotation are the setting's.
 
     The field gets no dataclass default: :func:`resolve` always passes every value. A repeatable
-    setting's ``parse`` applies to each item.
+    setting's ``parse`` applies to each item. ``family``: the case family that alone reads it (the plan
+    warns when it is given and no test of that family is selected).
     """
     # A dataclasses.Field, typed by the overloads as the value so that mypy holds ``parse``, ``default``
     # and the profile defaults to the field's annotation.
     declared = {"parse": parse, "default": default, "help": help, "metavar": metavar}
-    declared |= {"gpu": gpu, "cpu": cpu, "repeatable": repeatable}
+    declared |= {"gpu": gpu, "cpu": cpu, "repeatable": repeatable, "family": family}
     return field(metadata={_SPEC: declared})
 
 
@@ -355,6 +405,7 @@ class Settings:
             "Default: --apc-api-key. Redacted like it; prefer PYTEST_APC_REPLICA_API_KEY"
         ),
         "KEY",
+        family="fleet",
     )
     ca_bundle: str = setting(
         _str,
@@ -543,6 +594,7 @@ class Settings:
         2,
         "Fleet tests: vLLM replicas launched behind vllm-router (on a GPU node each gets its own GPUs)",
         "N",
+        family="fleet",
     )
     router_policies: tuple[str, ...] = setting(
         _router_policies,
@@ -552,24 +604,36 @@ class Settings:
             "per policy, every replica's cache reset); empty for none"
         ),
         "POLICY,...",
+        family="fleet",
     )
     router_command: tuple[str, ...] = setting(
-        _args, ("vllm-router",), "Fleet tests: command that starts vllm-router (pip install 'pytest-apc[fleet]')", "CMD"
+        _args,
+        ("vllm-router",),
+        "Fleet tests: command that starts vllm-router (pip install 'pytest-apc[fleet]')",
+        "CMD",
+        family="fleet",
     )
     router_arg: tuple[str, ...] = setting(
-        _str, (), "Fleet tests: extra argument of the launched vllm-router (repeatable)", "ARG", repeatable=True
+        _str,
+        (),
+        "Fleet tests: extra argument of the launched vllm-router (repeatable)",
+        "ARG",
+        repeatable=True,
+        family="fleet",
     )
     data_parallel_size: int = setting(
         _non_negative_int,
         0,
         "Fleet tests: also measure one vLLM server with --data-parallel-size N (its own balancer); 0: not",
         "N",
+        family="fleet",
     )
     prefix_groups: int = setting(
         _positive_int,
         1,
         "Fleet tests: distinct shared prefixes (G), --apc-num-prompts / G requests each; must divide the prompts",
         "G",
+        family="fleet",
     )
     fleet_url: str = setting(
         _url,
@@ -579,6 +643,7 @@ class Settings:
             "launching one; needs every replica's --apc-metrics-url"
         ),
         "URL",
+        family="fleet",
     )
     metrics_url: tuple[str, ...] = setting(
         _url,
@@ -589,6 +654,7 @@ class Settings:
         ),
         "URL",
         repeatable=True,
+        family="fleet",
     )
     route_label: str = setting(
         _route_label,
@@ -599,6 +665,7 @@ class Settings:
             "a vllm-router policy nor dp"
         ),
         "NAME",
+        family="fleet",
     )
     fleet_promise: str = setting(
         _one_of("spread", "affinity", "none"),
@@ -610,6 +677,7 @@ class Settings:
             "none (reported only)"
         ),
         "spread|affinity|none",
+        family="fleet",
     )
     max_routing_cost: float | None = setting(
         number(float, low=0, high=100),
@@ -620,6 +688,7 @@ class Settings:
             "fleet); prefix_locality fails above it. Unset: reported only"
         ),
         "PERCENT",
+        family="fleet",
     )
 
     offload_groups: int = setting(
@@ -630,6 +699,7 @@ class Settings:
             "order: their working set is what the small GPU cache cannot hold and the CPU tier must"
         ),
         "G",
+        family="offload",
     )
     offload_concurrency: tuple[int, ...] = setting(
         _int_list,
@@ -638,13 +708,15 @@ class Settings:
             "Offload tests: the --max-concurrency levels of cases N and O (at 1 the GPU cache's own hits are "
             "predicted exactly by replaying vLLM's block pool; above it they are reported)"
         ),
-        "N,N",
+        "N,N,...",
+        family="offload",
     )
     offload_output_len: int = setting(
         _positive_int,
         64,
         "Offload tests: output tokens per request (short: the case measures the prefill each tier serves)",
         "N",
+        family="offload",
     )
     offload_gpu_blocks: int = setting(
         _non_negative_int,
@@ -654,6 +726,7 @@ class Settings:
             "and a half requests' worth, so that one request fits and the prefix groups do not"
         ),
         "BLOCKS",
+        family="offload",
     )
     offload_tier_gib: float = setting(
         number(float, low=0),
@@ -664,6 +737,7 @@ class Settings:
             "token; a smaller one is a warning that states the tokens short"
         ),
         "GIB",
+        family="offload",
     )
 
     @property
@@ -713,13 +787,13 @@ def add_options(parser: pytest.Parser) -> None:
         help="Launch vLLM's CPU build with the generated tiny model, lengths scaled down (same as --apc-profile=cpu)",
     )
     for spec in SPECS:
-        help_text = f"{spec.help}. Env: {spec.env}; ini: {spec.ini}".replace("%", "%%")  # argparse formats %
+        help_text = f"{spec.described}. Env: {spec.env}; ini: {spec.ini}".replace("%", "%%")  # argparse formats %
         if spec.repeatable:
             group.addoption(spec.option, action="append", dest=spec.ini, metavar=spec.metavar, help=help_text)
-            parser.addini(spec.ini, spec.help, type="args")
+            parser.addini(spec.ini, spec.described, type="args")
         else:
             group.addoption(spec.option, dest=spec.ini, metavar=spec.metavar, help=help_text)
-            parser.addini(spec.ini, spec.help, type="string", default="")
+            parser.addini(spec.ini, spec.described, type="string", default="")
 
 
 def _raw(spec: Spec, config: pytest.Config, environ: dict[str, str]) -> tuple[Any, str] | None:
@@ -738,7 +812,7 @@ def _raw(spec: Spec, config: pytest.Config, environ: dict[str, str]) -> tuple[An
 def _convert(spec: Spec, raw: Any, where: str) -> Any:
     try:
         if spec.repeatable:
-            items = shlex.split(raw) if isinstance(raw, str) else list(raw)
+            items = _args(raw) if isinstance(raw, str) else list(raw)
             return tuple(spec.parse(item) for item in items)
         if spec.parse in (_args,) and not isinstance(raw, str):
             return tuple(raw)

@@ -1,10 +1,12 @@
 """pytest-apc's hooks and fixtures. Everything else lives in plain modules:
 
-* settings: ``config.py`` (every option / ini key / env variable, one precedence)
-* the A-F matrix and the expected hit count: ``cases.py`` (``predict``)
-* where the server is started: ``server.py`` (``LaunchedServer.start``), chosen by ``deployment.py``
-  (``deployment_for``) and driven by ``session.py`` (plan -> deployment -> ``measure.py`` -> ``records.py``)
-* the benchmark: ``bench.py``; metrics: ``metrics.py``; verdicts: ``verdict.py``; output: the ``report`` package
+* settings: ``config`` (every option / ini key / env variable, one precedence)
+* the case matrix and the expected hit count: ``workload.cases`` (``predict``); how a test marked
+  ``apc_cases`` is parametrized, the run plan and the unused settings: ``workload.plan``
+* what serves a mode: ``serving.deployment`` (``deployment_for``); what is checked before any server
+  starts: ``serving.preflight``; the session that measures: ``measure.session`` (plan -> deployment ->
+  ``measure.run`` -> ``measure.records``)
+* verdicts: the ``verdicts`` package; the results file: ``results``; output: the ``report`` package
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from pytest_apc import redaction, report
 from pytest_apc.measure.records import MeasurementError, RunRecord
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.results import document as results
-from pytest_apc.serving import deployment
+from pytest_apc.serving import preflight
 from pytest_apc.serving import process as procs
 from pytest_apc.verdicts.verdict import Pair, Verdict, not_comparable
-from pytest_apc.workload.cases import CASE_APC, CASE_FAMILY, FAMILY_MARKERS, OWN_MARKER_FAMILIES, RunKey
-from pytest_apc.workload.plan import TestUse, fleet_routes, unused_settings
+from pytest_apc.workload.cases import CASE_APC, FAMILY_MARKERS, OWN_MARKER_FAMILIES, RunKey
+from pytest_apc.workload.plan import APC_CASES_OPTIONS, TestUse, parametrization, unused_settings
 
 SETTINGS_KEY = pytest.StashKey[apc_config.Settings]()
 SESSION_KEY = pytest.StashKey[ApcSession]()
@@ -38,6 +40,9 @@ SIGTERM_KEY = pytest.StashKey[Any]()
 VERDICTS_KEY = pytest.StashKey[list[Verdict]]()
 NODE_LOCK_KEY = pytest.StashKey[IO[str]]()
 DESELECTED_KEY = pytest.StashKey[list[pytest.Item]]()
+REPORTER = "apc-reporter"  # the controller's ControllerReporter, as registered
+# A file in the run's process registry: an xdist worker's selected tests may start a server on this node.
+NODE_LOCK_WANTED = "node-lock-wanted"
 
 
 class ApcUnusedOptionWarning(pytest.PytestWarning):
@@ -55,19 +60,16 @@ MARKERS = (
     "pure: cases C/D, a shared prefix and a short unique suffix (the pure APC effect)",
     "rag: cases E/F, a shared prefix and an equally long unique suffix (agent/RAG)",
     "sweep: the concurrency sweep over cases C-F",
-    "apc_cases(cases, sweep=False, hash_algos=False, sequential=False): parametrize apc_run / apc_pair over "
-    "these cases (e.g. 'CD') at the default concurrency, over --apc-sweep-concurrency (sweep), or per "
-    "--apc-hash-algos; cases N/O over --apc-offload-concurrency (sequential: at concurrency 1 only)",
+    f"apc_cases(cases, {', '.join(f'{name}=False' for name in APC_CASES_OPTIONS)}): parametrize apc_run / "
+    f"apc_pair over these cases ({', '.join(CASE_APC)}; e.g. 'CD') at the default concurrency, over "
+    "--apc-sweep-concurrency (sweep), or per --apc-hash-algos; case R once per route (fleet: each "
+    "--apc-router-policies policy, dp with --apc-data-parallel-size, or --apc-fleet-url's --apc-route-label); "
+    "cases N/O over --apc-offload-concurrency (sequential: at concurrency 1 only)",
     "hash_algo: the comparison of prefix-caching hash algorithms (--apc-hash-algos)",
     "fleet: case R on replicas behind a router (vllm-router policies, data parallel, an external fleet); "
     "not part of -m apc: select with -m fleet",
     "offload: cases N/O, a GPU cache too small for the prefix groups without and with a CPU offload tier "
     "(--gpu-node only); not part of -m apc: select with -m offload",
-)
-# Why the offload cases skip on --cpu-node.
-NO_CPU_OFFLOAD = (
-    "vLLM's CPU build has no KV offload tier (its native offloading connector needs CUDA or XPU): "
-    "the offload tests run on --gpu-node"
 )
 
 
@@ -94,7 +96,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(err)) from None
     config.stash[SETTINGS_KEY] = settings
     if not _is_worker(config):
-        missing = deployment.missing_benchmark(settings)
+        missing = preflight.missing_benchmark(settings)
         if missing:
             raise pytest.UsageError(missing)
     if _is_worker(config):
@@ -110,15 +112,10 @@ def pytest_configure(config: pytest.Config) -> None:
             signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     redaction.register(settings.api_key)
     redaction.register(settings.replica_api_key)
-    if settings.profile == "gpu" and not _is_worker(config) and deployment.may_launch(settings, config.option.markexpr):
-        try:
-            config.stash[NODE_LOCK_KEY] = procs.acquire_node_lock()
-        except RuntimeError as err:
-            raise pytest.UsageError(str(err)) from None
     if settings.enabled:
         config.stash[SESSION_KEY] = apc = _new_session(config, settings)
         if not _is_worker(config):
-            config.pluginmanager.register(report.ControllerReporter(config, apc), "apc-reporter")
+            config.pluginmanager.register(report.ControllerReporter(config, apc), REPORTER)
 
 
 def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSession:
@@ -169,59 +166,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if marker is None:
         return
     fixture = "apc_pair" if "apc_pair" in metafunc.fixturenames else "apc_run"
-    settings = metafunc.config.stash[SETTINGS_KEY]
     cases = marker.args[0] if marker.args else ""
-    unknown = [c for c in cases if c not in CASE_APC]
-    if not cases or unknown:
-        raise ValueError(
-            f"apc_cases({cases!r}) on {metafunc.definition.nodeid}: unknown case {''.join(unknown) or '(none)'}; "
-            "cases are A-F, e.g. @pytest.mark.apc_cases('CD')"
-        )
-    levels = settings.sweep_concurrency if marker.kwargs.get("sweep") else (settings.concurrency,)
-    if any(CASE_FAMILY[c] == "offload" for c in cases):
-        if settings.profile == "cpu":
-            _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0]), "cpu-node", NO_CPU_OFFLOAD)
-            return
-        levels = settings.offload_concurrency
-        if marker.kwargs.get("sequential"):  # a check that holds at concurrency 1 only
-            if 1 not in levels:
-                reason = f"concurrency 1 is not in --apc-offload-concurrency {','.join(map(str, levels))}"
-                _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0]), "no-c1", reason)
-                return
-            levels = (1,)
-    if marker.kwargs.get("fleet"):
-        routes = fleet_routes(settings)
-        if not routes:
-            reason = "no route to measure: --apc-router-policies is empty and --apc-data-parallel-size is 0"
-            _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0], route="none"), "no-routes", reason)
-            return
-        ids = [RunKey(case, settings.concurrency, route=route).id for case in cases for route in routes]
-        metafunc.parametrize(fixture, ids, indirect=True, ids=ids)
-        return
-    if marker.kwargs.get("sweep"):
-        cases = "".join(c for c in cases if c in settings.sweep_cases) or cases
-        if not any(c in settings.sweep_cases for c in marker.args[0]):
-            reason = f"cases {marker.args[0]} are not in --apc-sweep-cases {settings.sweep_cases}"
-            _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0]), "not-swept", reason)
-            return
-    if marker.kwargs.get("hash_algos"):
-        # Only the listed algorithms (the default's runs are what they are compared with).
-        if not settings.hash_algos:
-            reason = "no --apc-hash-algos given: nothing to compare with the default"
-            _parametrize_skipped(metafunc, fixture, RunKey(cases[0], levels[0]), "no-hash-algos", reason)
-            return
-        algos: tuple[str, ...] = tuple(settings.hash_algos)
-    else:
-        algos = ("",)
-    ids = [RunKey(case, c, algo).id for case in cases for c in levels for algo in algos]
-    metafunc.parametrize(fixture, ids, indirect=True, ids=ids)
-
-
-def _parametrize_skipped(metafunc: pytest.Metafunc, fixture: str, key: RunKey, test_id: str, reason: str) -> None:
-    """One skipped parameter with a readable id, for a test whose runs this configuration does not make
-    (skipped items are not planned, so nothing is measured for it)."""
-    metafunc.parametrize(fixture, [pytest.param(key.id, marks=pytest.mark.skip(reason=reason))], indirect=True,
-                         ids=[test_id])  # fmt: skip
+    try:
+        params = parametrization(cases, marker.kwargs, metafunc.config.stash[SETTINGS_KEY])
+    except ValueError as err:
+        raise ValueError(f"apc_cases({cases!r}) on {metafunc.definition.nodeid}: {err}") from None
+    values = [pytest.param(p.run_id, marks=[pytest.mark.skip(reason=p.skip)] if p.skip else ()) for p in params]
+    metafunc.parametrize(fixture, values, indirect=True, ids=[p.test_id for p in params])
 
 
 def _keys_of(item: pytest.Item) -> list[RunKey]:
@@ -271,15 +222,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"apc_without_profile=fail ({settings.sources.get('without_profile')}): {SKIP_REASON}"
         )
     skip = pytest.mark.skip(reason=SKIP_REASON)
+    undeclared = 0  # selected tests that measure runs they do not declare
     for item in items:
         if not _measures(item):
             continue
         if session is None:
             item.add_marker(skip)
         elif item.get_closest_marker("skip") is None:
-            session.plan.add(_runs_of(item))
+            runs = _runs_of(item)
+            session.plan.add(runs)
+            undeclared += not runs
     if session is not None and settings is not None:
         _warn_unused_settings(config, settings, session, items)
+        _hold_the_node(config, preflight.node_lock_needed(settings, session.plan.keys, undeclared))
+
+
+def _hold_the_node(config: pytest.Config, why: str | None) -> None:
+    """Take this node's GPU lock, after collection and before any server starts, when the selected tests
+    may start one here (``why``). Under xdist the workers collect and the controller holds the lock: a
+    worker leaves ``why`` in the run's registry, and the controller takes the lock when the worker's
+    collection reaches it, before any test is scheduled."""
+    if why is None or NODE_LOCK_KEY in config.stash:
+        return
+    if _is_worker(config):
+        (procs.registry_dir() / NODE_LOCK_WANTED).write_text(why)
+        return
+    try:
+        config.stash[NODE_LOCK_KEY] = procs.acquire_node_lock()
+    except RuntimeError as err:
+        # Refused before anything ran: no results folder, summary or table for a run that did not happen.
+        if config.pluginmanager.has_plugin(REPORTER):
+            config.pluginmanager.unregister(name=REPORTER)
+        raise pytest.UsageError(f"{err}. This run needs them: {why}") from None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: Sequence[str]) -> None:
+    """xdist controller: a worker's collection is in, no test is scheduled yet: the node lock, if wanted."""
+    wanted = procs.registry_dir() / NODE_LOCK_WANTED
+    if wanted.is_file():
+        _hold_the_node(node.config, wanted.read_text())
 
 
 def pytest_deselected(items: Sequence[pytest.Item]) -> None:

@@ -6,14 +6,24 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
+from pytest_apc.config import Settings, default_for, setting_names
+
 REPO = Path(__file__).resolve().parent.parent
 FAKE_VLLM = REPO / "tests" / "fake_vllm.py"
 TESTS_APC = REPO / "tests_apc"
+
+
+def default_settings(profile: str | None = "gpu", **changes: Any) -> Settings:
+    """Every setting at its default for ``profile``, with ``changes`` (no pytest config, nothing checked)."""
+    values = {name: default_for(name, profile) for name in setting_names()}
+    return replace(Settings(**{**values, "profile": profile}, sources={}), **changes)
 
 
 def apc_processes(root_pid: int) -> list[psutil.Process]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import types
 import typing
 
@@ -149,8 +150,54 @@ def test_number_validator_bounds() -> None:
     assert apc_config.number(int, low=0)("0") == 0
     with pytest.raises(ValueError, match=r"must be in \(0, 1\]"):
         apc_config.number(float, low=0, low_open=True, high=1)("0")
-    with pytest.raises(ValueError, match="invalid literal"):
+    with pytest.raises(ValueError, match=r"^must be a positive integer$"):
         apc_config.number(int, low=1)("1.5")
+    with pytest.raises(ValueError, match=r"^must be an integer >= 2$"):
+        apc_config.number(int, low=2)("x")
+    with pytest.raises(ValueError, match=r"^must be a number in \(0, 1\]$"):
+        apc_config.number(float, low=0, low_open=True, high=1)("half")
+
+
+BAD_VALUES = ("x", "1.5", "-1", "1,x", "'unclosed", "a\\")
+
+
+def _python_errors(text: str) -> list[str]:
+    """What Python itself says of ``text`` as an int, a float and a shell line (none of it may leak)."""
+    said = []
+    for parse in (int, float, shlex.split):
+        try:
+            parse(text)
+        except ValueError as err:
+            said.append(str(err))
+    return said
+
+
+@pytest.mark.parametrize("bad", BAD_VALUES)
+def test_every_invalid_value_is_said_in_words_not_in_pythons(pytester: pytest.Pytester, bad: str) -> None:
+    """Whatever a setting refuses, the message says what it wants (e.g. "must be a positive integer"), never
+    Python's "invalid literal for int() with base 10: 'x'" or shlex's "No closing quotation"."""
+    config = pytester.parseconfig()
+    leaks = _python_errors(bad)
+    said = {}
+    for spec in apc_config.SPECS:
+        try:
+            apc_config.resolve(config, environ={spec.env: bad})
+        except apc_config.SettingError as err:
+            said[spec.name] = str(err).partition(f"from environment variable {spec.env}: ")[2]
+    assert said  # the numbers refuse every one of these
+    assert all(said.values()), said  # each message names the value's source
+    leaked = {name: reason for name, reason in said.items() if any(leak in reason for leak in leaks)}
+    assert not leaked
+
+
+def test_a_list_setting_says_so_in_its_metavar(pytester: pytest.Pytester) -> None:
+    """A setting that takes a list of any length shows it (N,N,...): --apc-offload-concurrency 1,2,3 is one."""
+    lists = [spec for spec in apc_config.SPECS if isinstance(spec.default, tuple) and spec.metavar != "CMD"]
+    assert {spec.name for spec in lists if not spec.repeatable} >= {"sweep_concurrency", "offload_concurrency"}
+    for spec in lists:
+        if not spec.repeatable:
+            assert spec.metavar.endswith(",..."), spec.name
+    assert resolve(pytester, "--apc-offload-concurrency=1,2,3").offload_concurrency == (1, 2, 3)
 
 
 def test_connect_host_defaults_to_the_bind_address(pytester: pytest.Pytester) -> None:
@@ -229,3 +276,29 @@ def test_fewer_repeats_than_the_gate_needs_is_a_usage_error(pytester: pytest.Pyt
         "cold repeats or more (lower apc_baseline_repeats to gate on fewer, at a wider limit)"
     )
     assert resolve(pytester, "--cpu-node", "--apc-baseline=b.json", "--apc-repeats=1", "--apc-baseline-repeats=1")
+
+
+def test_help_shows_each_default_and_where_a_profile_differs(pytester: pytest.Pytester) -> None:
+    """``pytest --help`` shows every setting's default, derived from its one declaration, and the profile's
+    where it differs (the timeouts of --cpu-node, say)."""
+    spec = apc_config.SPEC_BY_NAME
+    assert spec["startup_timeout"].defaults == "Default: 1800.0 (--cpu-node: 600.0)"
+    assert spec["sweep_concurrency"].defaults == "Default: 1,2,4,8"
+    assert spec["server_command"].defaults == "Default: {python} -m vllm.entrypoints.openai.api_server"
+    assert spec["model"].defaults == ""  # its help says in words what applies
+    text = "".join(pytester.runpytest("--help").stdout.str().split())  # argparse wraps lines anywhere
+    for one in apc_config.SPECS:
+        assert "".join(f"{one.described}. Env: {one.env}".split()) in text, one.name
+    assert "Default:1800.0(--cpu-node:600.0)" in text
+
+
+def test_a_default_shown_is_what_one_would_give(pytester: pytest.Pytester) -> None:
+    """Given as shown (in --help and docs/configuration.md), each default resolves to itself."""
+    config = pytester.parseconfig()
+    for spec in apc_config.SPECS:
+        for profile in ("", "cpu", "gpu"):
+            value = spec.default if not profile else getattr(spec, profile)
+            if not spec.shown(value) or spec.name == "profile":
+                continue
+            env = {spec.env: spec.shown(value), "PYTEST_APC_PROFILE": profile, "MODEL_70B": "/m"}
+            assert getattr(apc_config.resolve(config, environ=env), spec.name) == value, (spec.name, profile)

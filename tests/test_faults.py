@@ -512,7 +512,7 @@ def test_unknown_case_is_a_collection_error(tmp_path, run_inner) -> None:
     )
     inner = run_inner("--cpu-node")
     assert inner.ret == pytest.ExitCode.INTERRUPTED
-    assert "apc_cases('G') on test_bad.py::test_x: unknown case G; cases are A-F" in inner.output
+    assert "apc_cases('G') on test_bad.py::test_x: unknown case G; cases are A, B, C, D, E, F, R, N, O" in inner.output
 
 
 def test_killed_xdist_worker_leaves_nothing(suite, run_inner) -> None:
@@ -555,7 +555,7 @@ def test_missing_xxhash_is_named_before_launching(pytester, tmp_path, monkeypatc
     import importlib.util
 
     from pytest_apc import config as apc_config
-    from pytest_apc.serving.deployment import missing_requirement
+    from pytest_apc.serving.preflight import missing_requirement
     from pytest_apc.workload.cases import ServerMode
 
     settings = apc_config.resolve(pytester.parseconfig("--cpu-node"), environ={})

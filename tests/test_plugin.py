@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -44,6 +45,17 @@ def test_markers_are_registered(pytester: pytest.Pytester) -> None:
             "@pytest.mark.apc_cases*",
         ]
     )
+
+
+def test_the_apc_cases_help_names_every_option_and_case(pytester: pytest.Pytester) -> None:
+    """``pytest --markers`` documents the marker: each of its options (fleet= too) and every case."""
+    from pytest_apc.workload.plan import APC_CASES_OPTIONS
+
+    lines = pytester.runpytest("--markers").stdout.lines
+    help_line = next(line for line in lines if line.startswith("@pytest.mark.apc_cases("))
+    for name in APC_CASES_OPTIONS:
+        assert f"{name}=False" in help_line, name
+    assert "A, B, C, D, E, F, R, N, O" in help_line
 
 
 def test_without_profile_apc_tests_skip_naming_both_flags(pytester: pytest.Pytester) -> None:
@@ -226,6 +238,40 @@ def test_missing_vllm_bench_module_is_one_usage_line(
     assert pytester.runpytest("--cpu-node", "--apc-server-command=/opt/vllm-serve").ret != (pytest.ExitCode.USAGE_ERROR)
 
 
+# Tests of the user's beside the shipped suite, marked with markers of the user's own.
+USER_GATES = """
+import pytest
+
+@pytest.mark.my_release_gate
+@pytest.mark.apc_cases("R", fleet=True)
+def test_gate_fleet(apc_run):
+    pass
+
+@pytest.mark.my_pure_gate
+@pytest.mark.apc_cases("D")
+def test_gate_pure(apc_run):
+    pass
+"""
+ELSEWHERE = ("--gpu-node", "--apc-model-shape=llama-3.1-8b", "--apc-url-on=http://127.0.0.1:9",
+             "--apc-url-off=http://127.0.0.1:9")  # fmt: skip
+
+
+@pytest.fixture
+def node_held_by_another_run(apc_suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The shipped suite and USER_GATES, while another run holds this node's GPU lock."""
+    from pytest_apc.serving import process as procs
+
+    apc_suite.makepyfile(test_gates=USER_GATES)
+    lock_dir = apc_suite.path / "lockdir"
+    lock_dir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(lock_dir))  # the inner run's lock file lives in its temp folder
+    holder = procs.acquire_node_lock(lock_dir / procs.NODE_LOCK.name)
+    try:
+        yield
+    finally:
+        holder.close()
+
+
 @pytest.mark.parametrize(
     ("args", "locked"),
     [
@@ -233,35 +279,44 @@ def test_missing_vllm_bench_module_is_one_usage_line(
         ((), True),
         (("-m", "apc"), False),
         (("-m", "pure or overhead"), False),
-        (("-m", "not fleet"), False),
-        (("-m", "my_release_gate"), True),  # a marker of the user's could be on a fleet test
+        (("-m", "not fleet"), True),  # the offload cases launch their servers, URLs or not
+        (("-m", "not fleet and not offload"), False),
+        (("-m", "offload"), True),
+        (("-m", "my_release_gate"), True),  # a marker of the user's on a fleet test
+        (("-m", "my_pure_gate"), False),  # ... and on a pure one
         (("-m", "apc", "--apc-hash-algos=xxhash"), True),  # hash-algorithm servers never come from a URL
+        (("-m", "pure", "--apc-hash-algos=xxhash"), False),  # ... but no hash-algorithm test is selected
         (("-m", "fleet"), True),
         (("-m", "fleet", "--apc-fleet-url=http://127.0.0.1:9", *(["--apc-metrics-url=http://127.0.0.1:9"] * 2)), False),
     ],
 )
 def test_the_gpu_node_lock_is_taken_whenever_the_run_may_launch_a_server(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], locked: bool
+    apc_suite: pytest.Pytester, node_held_by_another_run: None, args: tuple[str, ...], locked: bool
 ) -> None:
-    """Another run holds this node's GPUs: a run that may start a server on them is refused at once; one
-    that only talks to servers elsewhere goes ahead."""
-    from pytest_apc.serving import process as procs
-
-    lock_dir = pytester.path / "lockdir"
-    lock_dir.mkdir()
-    monkeypatch.setenv("TMPDIR", str(lock_dir))  # the inner run's lock file lives in its temp folder
-    holder = procs.acquire_node_lock(lock_dir / procs.NODE_LOCK.name)
-    try:
-        pytester.makepyfile("def test_x(): pass")
-        result = pytester.runpytest_subprocess(
-            "--gpu-node", "--apc-model-shape=llama-3.1-8b",
-            "--apc-url-on=http://127.0.0.1:9", "--apc-url-off=http://127.0.0.1:9", "--collect-only", *args,
-        )  # fmt: skip
-    finally:
-        holder.close()
-    refused = "another pytest-apc run holds this node's GPUs" in result.stderr.str()
+    """Another run holds this node's GPUs: a run whose selected tests may start a server on them is
+    refused at once, naming the holder and a run it would start; one that only talks to servers elsewhere
+    goes ahead."""
+    result = apc_suite.runpytest_subprocess(*ELSEWHERE, "--collect-only", *args)
+    refused = "another pytest-apc run holds this node's GPUs (pid " in result.stderr.str()
     assert refused == locked, result.stderr.str()[-2000:]
     assert (result.ret == pytest.ExitCode.USAGE_ERROR) == locked
+    if locked:
+        result.stderr.fnmatch_lines(["*This run needs them: run * starts the * server on this node*"])
+
+
+def test_under_xdist_the_node_lock_refuses_before_any_test_runs(
+    apc_suite: pytest.Pytester, node_held_by_another_run: None
+) -> None:
+    """The workers collect, the controller holds the lock: it is taken (here: refused) before a test is
+    scheduled. The commands are ones that would fail at once, should a server start after all."""
+    result = apc_suite.runpytest_subprocess(
+        *ELSEWHERE, "-n", "2", "-m", "fleet", "--apc-server-command=false", "--apc-router-command=false"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:] + result.stderr.str()[-2000:]
+    result.stderr.fnmatch_lines(["*another pytest-apc run holds this node's GPUs (pid *This run needs them: run R-c8*"])
+    assert "passed" not in result.stdout.str()
+    assert "failed" not in result.stdout.str()
+    assert not (apc_suite.path / "apc-results").exists()  # no results of a run that did not happen
 
 
 def test_an_unmarked_fleet_test_is_a_fleet_test_not_an_apc_one(pytester: pytest.Pytester) -> None:

@@ -12,7 +12,12 @@ from pytest_apc import config as apc_config
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.serving import process as procs
 from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.preflight import node_lock_needed
 from pytest_apc.workload.cases import RunKey, ServerMode
+from tests.conftest import default_settings
+
+# Both single servers run elsewhere.
+ELSEWHERE = {"url_on": "http://on:8000", "url_off": "http://off:8000"}
 
 
 def test_node_lock_names_the_holder(tmp_path: Path) -> None:
@@ -31,6 +36,26 @@ def test_node_lock_names_the_holder(tmp_path: Path) -> None:
     finally:
         handle.close()
     procs.acquire_node_lock(lock).close()  # free again once the holder is gone
+
+
+@pytest.mark.parametrize(
+    ("profile", "changes", "runs", "undeclared", "why"),
+    [
+        ("cpu", {}, ["D-c8"], 0, None),  # the lock is the GPUs'
+        ("gpu", {}, ["D-c8"], 0, "run D-c8 starts the apc-on server on this node"),
+        ("gpu", ELSEWHERE, ["A-c8", "B-c8", "D-c1"], 0, None),
+        ("gpu", ELSEWHERE, ["D-c8", "D-c8-xxhash"], 0, "run D-c8-xxhash starts the apc-on-xxhash server on this node"),
+        ("gpu", ELSEWHERE, ["O-c1"], 0, "run O-c1 starts the apc-on-offload-tier server on this node"),
+        ("gpu", ELSEWHERE, ["R-c8-dp"], 0, "run R-c8-dp starts the apc-on-fleet-dp server on this node"),
+        ("gpu", {**ELSEWHERE, "fleet_url": "http://gw:1"}, ["R-c8-external"], 0, None),
+        ("gpu", ELSEWHERE, [], 2, "2 selected tests use apc_session without apc_cases, so any server might start"),
+    ],
+)
+def test_the_node_lock_is_needed_for_a_run_that_starts_a_server_here(
+    profile: str, changes: dict[str, str], runs: list[str], undeclared: int, why: str | None
+) -> None:
+    settings = default_settings(profile, **changes)
+    assert node_lock_needed(settings, [RunKey.parse(run) for run in runs], undeclared) == why
 
 
 def test_stop_escalates_to_sigkill_and_reaches_the_group(tmp_path: Path) -> None:

@@ -8,17 +8,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from pytest_apc.config import SPECS
+from pytest_apc.config import SPECS, Spec
 
 
-def _show(value: Any) -> str:
-    if value is None or value == "" or value == ():
-        return "-"
-    if isinstance(value, tuple):
-        return "`" + " ".join(map(str, value)) + "`"
-    if isinstance(value, dict):
-        return "`" + ",".join(f"{k}={v}{'%' if kind == '%' else ''}" for k, (kind, v) in value.items()) + "`"
-    return f"`{value}`"
+def _show(spec: Spec, value: Any) -> str:
+    """A default as one would give it (``Spec.shown``, as ``--help`` shows it), or "-" for none."""
+    text = spec.shown(value)
+    return f"`{text}`" if text else "-"
 
 
 def render() -> str:
@@ -35,7 +31,9 @@ def render() -> str:
         "An invalid value stops pytest with one line naming the setting, the value and where it came from, e.g.",
         "`Invalid apc_num_prompts '0' from option --apc-num-prompts: must be a positive integer`.",
         "",
-        "`--gpu-node` and `--cpu-node` are shorthands for `--apc-profile=gpu` / `--apc-profile=cpu`.",
+        "`--gpu-node` and `--cpu-node` are shorthands for `--apc-profile=gpu` / `--apc-profile=cpu`. A profile",
+        "default applies with that profile in place of the default; `pytest --help` shows both where they differ.",
+        "A list is given comma-separated (`1,2,4,8`), a command line shell-quoted.",
         "For `--gpu-node` the model also falls back to `$MODEL_70B`.",
         "",
         "Pass secrets such as the API key by environment variable (`PYTEST_APC_API_KEY`), not on the command",
@@ -47,8 +45,8 @@ def render() -> str:
     for spec in SPECS:
         meaning = spec.help.replace("|", "\\|")
         lines.append(
-            f"| `{spec.option}={spec.metavar}` | `{spec.ini}` | `{spec.env}` | {_show(spec.default)} | "
-            f"{_show(spec.gpu)} | {_show(spec.cpu)} | {meaning} |"
+            f"| `{spec.option}={spec.metavar}` | `{spec.ini}` | `{spec.env}` | {_show(spec, spec.default)} | "
+            f"{_show(spec, spec.gpu)} | {_show(spec, spec.cpu)} | {meaning} |"
         )
     lines += [
         "",

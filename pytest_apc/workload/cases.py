@@ -62,6 +62,15 @@ class WorkloadSettings(Protocol):
 
 
 FAMILIES = ("overhead", "pure", "rag", "fleet", "offload")
+# The length settings each family's workload reads: (its shared prefix, None for none; its unique suffix).
+# Declared once: workload_for reads them, and the plan warns of a given length that no selected case reads.
+FAMILY_LENGTHS: dict[str, tuple[str | None, str]] = {
+    "overhead": (None, "input_len"),
+    "pure": ("prefix_len", "suffix_len"),
+    "rag": ("rag_prefix_len", "input_len"),
+    "fleet": ("prefix_len", "suffix_len"),
+    "offload": ("prefix_len", "suffix_len"),
+}
 # Compared case -> its baseline in a pair: ON -> OFF, and the offload tier -> the same cache without one.
 PAIRS = {"B": "A", "D": "C", "F": "E", "O": "N"}
 CASE_FAMILY = {
@@ -146,14 +155,11 @@ class Workload:
 def workload_for(family: str, settings: WorkloadSettings) -> Workload:
     """The family's workload under these settings (lengths scaled for the CPU profile)."""
     s = settings.scaled
-    if family == "overhead":
-        prefix, suffix = 0, s(settings.input_len)
-    elif family in ("pure", "fleet", "offload"):
-        prefix, suffix = s(settings.prefix_len), s(settings.suffix_len)
-    elif family == "rag":
-        prefix, suffix = s(settings.rag_prefix_len), s(settings.input_len)
-    else:  # pragma: no cover - guarded by FAMILIES
+    if family not in FAMILY_LENGTHS:  # pragma: no cover - guarded by FAMILIES
         raise ValueError(f"unknown case family {family!r}")
+    prefix_setting, suffix_setting = FAMILY_LENGTHS[family]
+    prefix = s(getattr(settings, prefix_setting)) if prefix_setting else 0
+    suffix = s(getattr(settings, suffix_setting))
     if family == "offload":
         # vLLM's prefix_repetition sends num_prompts // G per group: ask for exactly what it sends.
         groups = settings.offload_groups

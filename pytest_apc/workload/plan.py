@@ -1,18 +1,20 @@
-"""The run plan: which runs the selected tests need, grouped by the server mode they run on.
+"""The run plan: how a test marked ``apc_cases`` is parametrized, which runs the selected tests need
+(grouped by the server mode they run on), and which given settings no selected test uses.
 
-The plugin adds every run a selected test uses at collection (after ``-m`` / ``-k``), so the session can
-measure all runs of a mode on one deployment, once.
+The plugin parametrizes each marked test with :func:`parametrization` and adds every run a selected test
+uses at collection (after ``-m`` / ``-k``), so the session can measure all runs of a mode on one
+deployment, once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_apc.config import SPEC_BY_NAME, Settings
+from pytest_apc.config import SPEC_BY_NAME, SPECS, Settings
 from pytest_apc.redaction import redact
-from pytest_apc.workload.cases import CASE_FAMILY, DATA_PARALLEL, RunKey, ServerMode
+from pytest_apc.workload.cases import CASE_APC, CASE_FAMILY, DATA_PARALLEL, FAMILY_LENGTHS, PAIRS, RunKey, ServerMode
 
 
 @dataclass
@@ -30,15 +32,12 @@ class Plan:
         return sorted({k.mode for k in self.keys})
 
 
-# Settings only the fleet case reads.
-FLEET_SETTINGS = (
-    "replicas", "router_policies", "router_command", "router_arg", "data_parallel_size", "prefix_groups", "fleet_url",
-    "metrics_url", "replica_api_key", "route_label", "fleet_promise", "max_routing_cost",
-)  # fmt: skip
-# Settings only the offload cases read.
-OFFLOAD_SETTINGS = (
-    "offload_groups", "offload_concurrency", "offload_output_len", "offload_gpu_blocks", "offload_tier_gib",
-)  # fmt: skip
+# What no selected test does when a setting that only one family reads (``setting(..., family=...)``) is
+# unused.
+FAMILY_ONLY = {
+    "fleet": "no selected test measures a fleet (case R, -m fleet)",
+    "offload": "no selected test measures the offload tier (cases N/O, -m offload)",
+}
 # The baseline gate's settings: the baseline first, then what only matters with one.
 BASELINE_SETTINGS = ("baseline", "baseline_false_alarm", "baseline_repeats")
 
@@ -60,6 +59,31 @@ def is_explicit(source: str | None) -> bool:
 def _levels(pair: str, keys: Sequence[RunKey]) -> str:
     levels = sorted({k.concurrency for k in keys})
     return f"{pair} planned at concurrency {', '.join(map(str, levels))}" if levels else f"no {pair} planned"
+
+
+def _length_readers() -> dict[str, tuple[str, ...]]:
+    """Each length setting (in declaration order) and the families whose workload reads it."""
+    readers = {
+        name: tuple(family for family, lengths in FAMILY_LENGTHS.items() if name in lengths)
+        for lengths in FAMILY_LENGTHS.values()
+        for name in lengths
+        if name
+    }
+    return {spec.name: readers[spec.name] for spec in SPECS if spec.name in readers}
+
+
+def _cases_in_words(families: Sequence[str]) -> str:
+    """The cases of ``families`` as a list in words; an APC-off case and its APC-on partner as one, "C/D"."""
+    words: list[str] = []
+    for case, family in CASE_FAMILY.items():
+        off = PAIRS.get(case, "")
+        if family not in families:
+            continue
+        if off in words and not CASE_APC[off]:  # the APC-on case of a pair: beside its APC-off case
+            words[words.index(off)] = f"{off}/{case}"
+        else:
+            words.append(case)
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
 def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, Callable[[TestUse], bool], str]]:
@@ -88,13 +112,11 @@ def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, C
         ("pure_gain_concurrency", lambda use: any(k.case == "D" and (not pure_gain or k.concurrency <= pure_gain)
                                                   and not k.hash_algo for k in use.keys),
          f"no selected test judges the C/D pair at concurrency {pure_gain} or below; {pure_levels}"),
-        *((name, family("pure", "fleet", "offload"), "no selected test runs C/D, R, N or O, the cases with this length")
-          for name in ("prefix_len", "suffix_len")),
-        ("rag_prefix_len", family("rag"), "no selected test runs E/F, the only cases with this length"),
-        ("input_len", family("overhead", "rag"), "no selected test runs A/B or E/F, the cases with this length"),
-        *((name, family("fleet"), "no selected test measures a fleet (case R, -m fleet)") for name in FLEET_SETTINGS),
-        *((name, family("offload"), "no selected test measures the offload tier (cases N/O, -m offload)")
-          for name in OFFLOAD_SETTINGS),
+        *((name, family(*readers), f"no selected test runs {_cases_in_words(readers)}, the "
+                                   f"{'only ' if len(readers) == 1 else ''}cases with this length")
+          for name, readers in _length_readers().items()),
+        *((spec.name, family(spec.family), FAMILY_ONLY[spec.family])
+          for fam in FAMILY_ONLY for spec in SPECS if spec.family == fam),
         ("url_on", lambda use: any(k.apc and not k.route for k in use.keys),
          "no selected test measures on an APC-on server"),
         ("url_off", lambda use: any(not k.apc for k in use.keys), "no selected test measures on the APC-off server"),
@@ -151,3 +173,74 @@ def fleet_routes(settings: Settings) -> tuple[str, ...]:
     if settings.fleet_url:
         return (settings.route_label,)
     return settings.router_policies + ((DATA_PARALLEL,) if settings.data_parallel_size else ())
+
+
+# The keyword arguments of @pytest.mark.apc_cases(cases, ...), each a flag.
+APC_CASES_OPTIONS = ("sweep", "hash_algos", "sequential", "fleet")
+# Why the offload cases skip on --cpu-node.
+NO_CPU_OFFLOAD = (
+    "vLLM's CPU build has no KV offload tier (its native offloading connector needs CUDA or XPU): "
+    "the offload tests run on --gpu-node"
+)
+
+
+@dataclass(frozen=True)
+class RunParam:
+    """One parameter of a test marked ``apc_cases``: the run id its ``apc_run`` / ``apc_pair`` gets, the id
+    in the test's name, and why this configuration makes no run for it (None: the run is measured)."""
+
+    run_id: str
+    test_id: str
+    skip: str | None = None
+
+
+def parametrization(cases: str, options: Mapping[str, Any], settings: Settings) -> list[RunParam]:
+    """The parameters of a test marked ``apc_cases(cases, **options)`` under these settings: one per case,
+    concurrency and hash algorithm (or route, for the fleet case), or one skipped parameter with a readable
+    id where this configuration makes none of its runs (skipped tests are not planned, so nothing is
+    measured for them). Raises ValueError for an unknown case or option."""
+    unknown = [c for c in cases if c not in CASE_APC]
+    if not cases or unknown:
+        raise ValueError(
+            f"unknown case {''.join(unknown) or '(none)'}; cases are {', '.join(CASE_APC)}, "
+            "e.g. @pytest.mark.apc_cases('CD')"
+        )
+    odd = [name for name in options if name not in APC_CASES_OPTIONS]
+    if odd:
+        raise ValueError(f"unknown option {', '.join(odd)}; the options are {', '.join(APC_CASES_OPTIONS)}")
+
+    def skipped(key: RunKey, test_id: str, reason: str) -> list[RunParam]:
+        return [RunParam(key.id, test_id, reason)]
+
+    levels = settings.sweep_concurrency if options.get("sweep") else (settings.concurrency,)
+    if any(CASE_FAMILY[c] == "offload" for c in cases):
+        if settings.profile == "cpu":
+            return skipped(RunKey(cases[0], levels[0]), "cpu-node", NO_CPU_OFFLOAD)
+        levels = settings.offload_concurrency
+        if options.get("sequential"):  # a check that holds at concurrency 1 only
+            if 1 not in levels:
+                reason = f"concurrency 1 is not in --apc-offload-concurrency {','.join(map(str, levels))}"
+                return skipped(RunKey(cases[0], levels[0]), "no-c1", reason)
+            levels = (1,)
+    if options.get("fleet"):
+        routes = fleet_routes(settings)
+        if not routes:
+            reason = "no route to measure: --apc-router-policies is empty and --apc-data-parallel-size is 0"
+            return skipped(RunKey(cases[0], levels[0], route="none"), "no-routes", reason)
+        keys = [RunKey(case, settings.concurrency, route=route) for case in cases for route in routes]
+        return [RunParam(key.id, key.id) for key in keys]
+    if options.get("sweep"):
+        swept = "".join(c for c in cases if c in settings.sweep_cases)
+        if not swept:
+            reason = f"cases {cases} are not in --apc-sweep-cases {settings.sweep_cases}"
+            return skipped(RunKey(cases[0], levels[0]), "not-swept", reason)
+        cases = swept
+    algos: tuple[str, ...] = ("",)
+    if options.get("hash_algos"):
+        # Only the listed algorithms (the default's runs are what they are compared with).
+        if not settings.hash_algos:
+            reason = "no --apc-hash-algos given: nothing to compare with the default"
+            return skipped(RunKey(cases[0], levels[0]), "no-hash-algos", reason)
+        algos = settings.hash_algos
+    keys = [RunKey(case, c, algo) for case in cases for c in levels for algo in algos]
+    return [RunParam(key.id, key.id) for key in keys]
