@@ -81,6 +81,7 @@ def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypat
     launch is retried on a fresh port (one server in the end, nothing left behind)."""
     import socket
 
+    from pytest_apc.serving import executor
     from pytest_apc.serving import server as server_mod
     from tests.conftest import FAKE_VLLM
 
@@ -88,8 +89,8 @@ def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypat
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     ports = iter([busy.getsockname()[1]])
-    real_free_port = server_mod.free_port
-    monkeypatch.setattr(server_mod, "free_port", lambda host: next(ports, None) or real_free_port(host))
+    real_free_port = executor.free_port
+    monkeypatch.setattr(executor, "free_port", lambda host: next(ports, None) or real_free_port(host))
     fake = [sys.executable, str(FAKE_VLLM), "--model", "m", "--served-model-name", "apc-model"]
     srv = server_mod.LaunchedServer(
         ServerMode(True),
