@@ -67,10 +67,21 @@ Fault switches:
                                 does: the prefix the benchmark generates is then exactly its tokens, and hits
                                 match pytest-apc's prediction (the fake tokenizer's 4 characters per token do not)
     --fake-tls CERT,KEY         serve https with this certificate and key (PEM files)
+    --fake-refuse=FLAG          (repeatable) refuse FLAG as vLLM's argument parser refuses a flag it does not
+                                know: when FLAG is on the command line, print "error: unrecognized arguments:
+                                FLAG" and exit with code 2 at once
+    --fake-bench-worker         be pytest-apc's benchmark worker (python -m pytest_apc.measure.bench --worker)
+                                instead of a server: after the start-up switches (--fake-startup-delay,
+                                --fake-crash-on-start, --fake-children, --fake-ignore-sigterm, --fake-refuse)
+                                the real worker takes over (exec), or with --fake-hang it reads the first
+                                request and never answers it (a hung benchmark)
     --fake-if-log='TEXT ARGS'   (repeatable) when the path of the file this process's stdout goes to contains
                                 TEXT, ARGS are added to the command line: pytest-apc launches fleet replicas
                                 with one log each (server-<mode>-r<N>.log), so
                                 --fake-if-log='-r2.log --fake-crash-on-start' breaks replica 2 alone
+
+As a stand-in for vllm-router (--apc-router-command) it takes the router's flags (--worker-urls ...,
+--policy, --prometheus-port), answers /health, and breaks with the same switches.
 
 Without --fake-ignore-sigterm, SIGTERM prints "fake vLLM shutting down" and exits 0. The children are
 not reaped by the fake itself: like leaked EngineCore processes, they die only when their group is
@@ -550,6 +561,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for switch in ("fatal-on-start", "no-cache-config", "no-request-counter", "model-tokenizer", "tier-survives-reset"):
         p.add_argument(f"--fake-{switch}", action="store_true")
     p.add_argument("--fake-if-log", action="append", default=[], metavar="'TEXT ARGS'")
+    p.add_argument("--fake-refuse", action="append", default=[], metavar="FLAG")
+    p.add_argument("--fake-bench-worker", action="store_true")
     p.add_argument("--fake-tls", default="", metavar="CERT,KEY")
     argv = list(sys.argv[1:] if argv is None else argv)
     args, _unknown = p.parse_known_args(argv)
@@ -560,6 +573,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             extra += more
     if extra:
         args, _unknown = p.parse_known_args(argv + extra)
+    words = argv + extra
+    args.refused = [w for w in words if any(w == flag or w.startswith(f"{flag}=") for flag in args.fake_refuse)]
     return args
 
 
@@ -612,8 +627,27 @@ def spawn_engine(code: str, note: str = "") -> None:
     log(f"INFO fake engine pid={engine.pid}{note}")
 
 
+def bench_worker(hang: bool) -> int:
+    """The benchmark worker's side: the real worker (same pid, so the children and an ignored SIGTERM stay),
+    or one that reads a request (one JSON object a line), says so in the run's log and never answers."""
+    if not hang:
+        log("INFO fake benchmark worker: the real worker takes over")
+        os.execv(sys.executable, [sys.executable, "-m", "pytest_apc.measure.bench", "--worker"])
+    request = json.loads(sys.stdin.readline() or "{}")
+    if "log" in request:
+        with open(request["log"], "a") as run_log:
+            run_log.write("fake benchmark worker: hung, this request is never answered\n")
+    log(f"INFO fake benchmark worker: read {request}, never answering")
+    while True:
+        time.sleep(3600)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.refused:
+        print(f"usage: {sys.argv[0]} [options]", file=sys.stderr)
+        print(f"{sys.argv[0]}: error: unrecognized arguments: {' '.join(args.refused)}", file=sys.stderr)
+        return 2
     log(f"INFO fake vLLM starting (pid={PID})")
     if os.environ.get("VLLM_API_KEY"):
         log("INFO fake: an API key is required on the /v1 routes (VLLM_API_KEY)")
@@ -652,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
         print("Traceback (most recent call last):\nRuntimeError: CUDA out of memory (fake)", file=sys.stderr)
         sys.stderr.flush()
         return 3
+    if args.fake_bench_worker:
+        return bench_worker(args.fake_hang)
     per_request = KV_CACHE_TOKENS / args.max_model_len
     log(
         f"(EngineCore pid={PID}) INFO [kv_cache_utils.py:1] CPU KV cache size: {KV_CACHE_TOKENS:,} tokens, "

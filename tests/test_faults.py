@@ -302,6 +302,60 @@ def test_interrupted_pytest_leaves_nothing(suite, run_inner, sig, phase, extra) 
     assert not inner.leftovers(), "interrupted run left processes behind"
 
 
+def test_a_flag_the_server_does_not_know_fails_at_once_with_its_complaint(suite, run_inner) -> None:
+    started = time.monotonic()
+    inner = run_inner(*fake_args("--fake-refuse=--no-such-flag", "--no-such-flag"), "--apc-startup-timeout=300")
+    assert inner.ret == 1
+    assert time.monotonic() - started < 60
+    assert "server exited with code 2 while starting" in inner.output
+    assert "error: unrecognized arguments: --no-such-flag" in inner.output  # the log tail
+
+
+def fake_worker(tmp_path, *flags: str) -> None:
+    """The inner run's benchmark worker is tests/fake_vllm.py --fake-bench-worker with ``flags``: a conftest.py
+    sets the worker's command (the worker has no setting of its own)."""
+    (tmp_path / "conftest.py").write_text(
+        "import sys\nfrom pytest_apc.measure import bench\n\n"
+        f"bench.WORKER_COMMAND = (sys.executable, {str(FAKE_VLLM)!r}, '--fake-bench-worker', *{flags!r})\n"
+    )
+
+
+def test_a_benchmark_worker_that_crashes_at_start_fails_its_runs_with_its_log(suite, run_inner) -> None:
+    fake_worker(suite, "--fake-crash-on-start")
+    inner = run_inner(*fake_args())
+    assert inner.ret == 1
+    assert "benchmark process died with exit code 3" in inner.output
+    assert "bench-worker.log\n--- last lines of the benchmark worker log ---" in inner.output
+    assert "RuntimeError: CUDA out of memory (fake)" in inner.output  # why, from the worker's own log
+
+
+def test_sigterm_ignoring_benchmark_worker_with_children_leaves_nothing(suite, run_inner) -> None:
+    fake_worker(suite, "--fake-ignore-sigterm", "--fake-children", "3")
+    inner = run_inner(*fake_args())
+    assert inner.ret == 0, inner.output  # run_inner checks that no process is left behind
+    assert (
+        "fake benchmark worker: the real worker takes over"
+        in next(suite.glob("apc-results/*/bench-worker/*.log")).read_text()
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupted_hung_benchmark_leaves_no_worker(suite, run_inner, sig) -> None:
+    """Ctrl-C (or SIGTERM) while the benchmark worker hangs, ignoring SIGTERM, with children."""
+    if signal.getsignal(sig) is signal.SIG_IGN:
+        pytest.skip(f"{signal.Signals(sig).name} is ignored by this process (a background job?)")
+    fake_worker(suite, "--fake-hang", "--fake-children", "2", "--fake-ignore-sigterm")
+    inner = run_inner(*fake_args(), wait=False)
+    inner.wait_for(suite, "apc-results/*/bench/*.log", "the benchmark")
+    time.sleep(1.5)
+    inner.proc.send_signal(sig)
+    signalled = time.monotonic()
+    inner.wait()
+    assert inner.ret != 0, inner.output[-4000:]
+    assert time.monotonic() - signalled < 60
+    assert not inner.leftovers(), "interrupted run left its benchmark worker behind"
+
+
 def _start_fake(tmp_path, *flags: str, api_key: str = ""):
     """A fake server started by the test itself, as a server run elsewhere would be (with ``api_key``, its
     /v1 routes want it, as vLLM's with VLLM_API_KEY)."""

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from pytest_apc import config
-from pytest_apc.serving import fleet, metrics
+from pytest_apc.serving import metrics, process
 from pytest_apc.serving.deployment import deployment_for, replica_gpus
-from pytest_apc.serving.fleet import Fleet, Router, RouterError
+from pytest_apc.serving.fleet import Fleet
+from pytest_apc.serving.router import Router, RouterError
 from pytest_apc.serving.server import ExternalServer, LaunchedServer, ServerError
 from pytest_apc.workload.cases import DATA_PARALLEL, EXTERNAL_FLEET, RunKey, ServerMode, Workload, predict
 from pytest_apc.workload.plan import fleet_routes
@@ -440,7 +441,7 @@ def test_the_router_gets_its_own_metrics_port(tmp_path, monkeypatch) -> None:
     def spawn(argv, env, log):
         raise OSError("not started in this test")
 
-    monkeypatch.setattr(fleet.procs, "spawn", spawn)
+    monkeypatch.setattr(process, "spawn", spawn)
     r = router(tmp_path, ["/bin/true"], extra=("--log-level", "debug"))
     with pytest.raises(RouterError, match="vllm-router could not be executed: not started in this test"):
         r.start("round_robin", ["http://a:1", "http://b:2"])

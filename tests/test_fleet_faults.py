@@ -8,6 +8,7 @@ import contextlib
 import json
 import signal
 import socket
+import sys
 import time
 
 import psutil
@@ -74,6 +75,58 @@ def test_missing_router_errors_every_fleet_test_at_once_naming_the_extra(tmp_pat
     assert "the fleet tests start vllm-router ('/nonexistent/vllm-router'), which is not installed" in inner.output
     assert "pip install 'pytest-apc[fleet]'" in inner.output
     assert not list(tmp_path.glob("apc-results/*/server-*-r1.log")), "replicas were launched without a router"
+
+
+def fake_router(*flags: str) -> list[str]:
+    """tests/fake_vllm.py as vllm-router (it takes the router's flags and answers /health), with ``flags``; one
+    policy, so each test starts it once."""
+    return [f"--apc-router-command={sys.executable} {FAKE_VLLM} {' '.join(flags)}", "--apc-router-policies=round_robin"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--fake-crash-on-start",), "vllm-router (round_robin) exited with code 3 while starting"),
+        (("--fake-refuse=--no-such-flag",), "vllm-router (round_robin) exited with code 2 while starting"),
+        (
+            ("--fake-startup-delay=600", "--fake-children=2", "--fake-ignore-sigterm"),
+            "vllm-router (round_robin) did not answer /health within 10 s",
+        ),
+    ],
+    ids=["exits-at-once", "bad-flag", "never-listens"],
+)
+def test_a_router_that_does_not_start_fails_its_runs_with_its_log(tmp_path, run_inner, flags, message) -> None:
+    """The replicas start; the router exits at once, refuses a flag of --apc-router-arg, or never opens its
+    port (with children, ignoring SIGTERM): its runs fail naming it with its log, and nothing is left."""
+    inner = run_inner(
+        *fleet_args(), *fake_router(*flags), "--apc-router-arg=--no-such-flag", "--apc-startup-timeout=10", "-rA"
+    )
+    assert inner.ret == 1
+    assert message in inner.output, inner.output[-4000:]
+    assert "--- last lines of the router log ---" in inner.output
+    if "--fake-crash-on-start" in flags:
+        assert "RuntimeError: CUDA out of memory (fake)" in inner.output
+    if "--fake-refuse=--no-such-flag" in flags:
+        assert "error: unrecognized arguments: --no-such-flag" in inner.output
+    assert "passed" not in inner.output.splitlines()[-1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupted_while_the_router_starts_leaves_nothing(tmp_path, run_inner, sig) -> None:
+    """Ctrl-C (or SIGTERM) while pytest waits for a router that never answers, ignoring SIGTERM, with children."""
+    if signal.getsignal(sig) is signal.SIG_IGN:
+        pytest.skip(f"{signal.Signals(sig).name} is ignored by this process (a background job?)")
+    router = fake_router("--fake-never-ready", "--fake-children=2", "--fake-ignore-sigterm")
+    inner = run_inner(*fleet_args(), *router, "--apc-startup-timeout=300", wait=False)
+    inner.wait_for(tmp_path, "apc-results/*/router-*.log", "the router's start", timeout=120)
+    time.sleep(1.5)
+    inner.proc.send_signal(sig)
+    signalled = time.monotonic()
+    inner.wait()
+    assert inner.ret != 0
+    assert time.monotonic() - signalled < 60, "the interrupted run waited for its router"
+    assert _fleet_processes(tmp_path) == ([], [])
+    assert not inner.leftovers(), "interrupted fleet run left its router behind"
 
 
 def test_one_replica_that_cannot_start_is_named_with_its_log(tmp_path, run_inner) -> None:

@@ -1,23 +1,44 @@
-"""Process groups, the GPU node lock, and the KV-capacity check before measuring."""
+"""Process groups, the GPU node lock, the KV-capacity check before measuring, and the faults of the three
+launched processes (server, router, benchmark worker), which share one executor."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pytest_apc import config as apc_config
+from pytest_apc.measure.bench import BenchError, BenchRunner
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.serving import process as procs
+from pytest_apc.serving.fleet import Fleet
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.serving.preflight import node_lock_needed
+from pytest_apc.serving.router import Router
+from pytest_apc.serving.server import LaunchedServer, Reach, ServerError
 from pytest_apc.workload.cases import RunKey, ServerMode
-from tests.conftest import default_settings
+from tests.conftest import FAKE_VLLM, default_settings
 
 # Both single servers run elsewhere.
 ELSEWHERE = {"url_on": "http://on:8000", "url_off": "http://off:8000"}
+
+
+@pytest.fixture(autouse=True)
+def own_tag(tmp_path: Path) -> Iterator[str]:
+    """Each test here launches under an owner tag and registry of its own. The xdist workers of one run share
+    the run's, and a pytest run inside another worker's test (pytester) that stops with a usage error reaps
+    them when it unconfigures: it would kill what this test launched."""
+    saved = procs.owner_tag(), str(procs.registry_dir())
+    tag, _ = procs.configure(registry=str(tmp_path / "registry"))
+    yield tag
+    procs.configure(*saved)
 
 
 def test_node_lock_names_the_holder(tmp_path: Path) -> None:
@@ -106,6 +127,7 @@ def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypat
     launch is retried on a fresh port (one server in the end, nothing left behind)."""
     import socket
 
+    from pytest_apc.serving import executor
     from pytest_apc.serving import server as server_mod
     from tests.conftest import FAKE_VLLM
 
@@ -113,8 +135,8 @@ def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypat
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     ports = iter([busy.getsockname()[1]])
-    real_free_port = server_mod.free_port
-    monkeypatch.setattr(server_mod, "free_port", lambda host: next(ports, None) or real_free_port(host))
+    real_free_port = executor.free_port
+    monkeypatch.setattr(executor, "free_port", lambda host: next(ports, None) or real_free_port(host))
     fake = [sys.executable, str(FAKE_VLLM), "--model", "m", "--served-model-name", "apc-model"]
     srv = server_mod.LaunchedServer(
         ServerMode(True),
@@ -133,3 +155,193 @@ def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypat
     finally:
         srv.stop()
         busy.close()
+
+
+# -- the three launchers share one executor: each fault fails alike, with its log, and leaves nothing ----------
+
+FAKE = [sys.executable, str(FAKE_VLLM)]
+
+
+@dataclass
+class Launcher:
+    """One of the three launchers, run on the fake: ``start`` raises the launcher's own error when the
+    process will not serve; ``stop`` is what the session calls at the end."""
+
+    start: Callable[[], object]
+    stop: Callable[[], None]
+
+
+def server(tmp_path: Path, *flags: str, timeout: float) -> Launcher:
+    srv = LaunchedServer(
+        ServerMode(True),
+        lambda port: [*FAKE, "--served-model-name", "apc-model", "--port", str(port), *flags],
+        Reach(served_model_name="apc-model", log_path=tmp_path / "server.log", startup_timeout=timeout),
+        bind_host="127.0.0.1", connect_host="127.0.0.1", env={}, stop_timeout=1,
+    )  # fmt: skip
+    return Launcher(srv.start, srv.stop)
+
+
+def router(tmp_path: Path, *flags: str, timeout: float, extra: tuple[str, ...] = ()) -> Router:
+    return Router(
+        [*FAKE, *flags], extra, bind_host="127.0.0.1", connect_host="127.0.0.1", log_path=tmp_path / "router.log",
+        env={}, startup_timeout=timeout, stop_timeout=1,
+    )  # fmt: skip
+
+
+def routed(tmp_path: Path, *flags: str, timeout: float) -> Launcher:
+    r = router(tmp_path, *flags, timeout=timeout)
+    return Launcher(lambda: r.start("round_robin", ["http://127.0.0.1:1"]), r.stop)
+
+
+def worker(tmp_path: Path, *flags: str, timeout: float) -> Launcher:
+    runner = BenchRunner(tmp_path / "bench-worker", command=[*FAKE, "--fake-bench-worker", *flags])
+    return Launcher(lambda: runner.run([], tmp_path / "r.json", 1, tmp_path / "run.log", timeout), runner.close)
+
+
+LAUNCHERS = {"server": server, "router": routed, "worker": worker}
+LOG_KIND = {"server": "server", "router": "router", "worker": "benchmark worker"}
+ERROR = (ServerError, BenchError)
+
+
+@pytest.fixture
+def nothing_left(own_tag: str) -> Callable[[], None]:
+    """Checks that no process this test launched lives on."""
+
+    def check() -> None:
+        left = procs.leftovers(own_tag)
+        for proc in left:
+            proc.kill()
+        assert not left, [p.cmdline() for p in left]
+
+    return check
+
+
+# fault: (fake switches, timeout, what each launcher says, the line of the log's tail that says why)
+FAULTS = {
+    "crashes-at-start": (
+        ("--fake-crash-on-start", "--fake-children", "2"),
+        120,
+        {
+            "server": "apc-on server exited with code 3 while starting",
+            "router": "vllm-router (round_robin) exited with code 3 while starting",
+            "worker": "benchmark process died with exit code 3",
+        },
+        "RuntimeError: CUDA out of memory (fake)",
+    ),
+    # A flag the program does not know (from --apc-server-arg, --apc-router-arg, in a worker command).
+    "refuses-a-flag": (
+        ("--fake-refuse=--no-such-flag", "--no-such-flag"),
+        120,
+        {
+            "server": "apc-on server exited with code 2 while starting",
+            "router": "vllm-router (round_robin) exited with code 2 while starting",
+            "worker": "benchmark process died with exit code 2",
+        },
+        "error: unrecognized arguments: --no-such-flag",
+    ),
+    # Never ready (it never listens, the worker never reads its request), with children, ignoring SIGTERM:
+    # after the timeout the whole group is killed, SIGTERM escalated to SIGKILL.
+    "hangs": (
+        ("--fake-startup-delay=600", "--fake-children", "2", "--fake-ignore-sigterm"),
+        2,
+        {
+            "server": "apc-on server was not ready after 2 s (still waiting for the process to listen (/health))",
+            "router": "vllm-router (round_robin) did not answer /health within 2 s",
+            "worker": "benchmark did not finish within 2 s (--apc-bench-timeout); it was killed",
+        },
+        "INFO fake child pid=",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", LAUNCHERS)
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_process_that_will_not_serve_fails_in_seconds_with_its_log_and_leaves_nothing(
+    tmp_path: Path, nothing_left: Callable[[], None], fault: str, kind: str
+) -> None:
+    flags, timeout, said, why = FAULTS[fault]
+    launcher = LAUNCHERS[kind](tmp_path, *flags, timeout=timeout)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ERROR) as err:
+            launcher.start()
+    finally:
+        launcher.stop()
+    assert time.monotonic() - started < 30
+    nothing_left()
+    message = str(err.value)
+    assert said[kind] in message
+    if (fault, kind) != ("hangs", "worker"):  # a worker that timed out is described by its benchmark's log
+        assert f"--- last lines of the {LOG_KIND[kind]} log ---" in message
+        assert why in message
+        assert "fake_vllm.py" in message  # the command, or the log's header line that names it
+
+
+def test_a_router_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypatch, nothing_left) -> None:
+    """As a server's: the router fails with "Address already in use" and starts again on a fresh port."""
+    import socket
+
+    from pytest_apc.serving import executor
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    ports = iter([busy.getsockname()[1]])
+    real_free_port = executor.free_port
+    monkeypatch.setattr(executor, "free_port", lambda host: next(ports, None) or real_free_port(host))
+    r = router(tmp_path, timeout=30)
+    try:
+        r.start("round_robin", ["http://127.0.0.1:1"])
+        assert r.port != busy.getsockname()[1]
+        assert r.alive()
+        assert "Address already in use" in (tmp_path / "router.log").read_text()
+    finally:
+        r.stop()
+        busy.close()
+    nothing_left()
+
+
+def test_a_killed_router_is_named_by_its_fleet_with_its_log(tmp_path: Path, nothing_left) -> None:
+    r = router(tmp_path, "--fake-children", "2", timeout=30)
+    fleet = Fleet(ServerMode(True, fleet="router"), [], router=r, log_path=r.log_path)
+    try:
+        r.start("consistent_hash", ["http://127.0.0.1:1"])
+        assert fleet.watch() is None
+        proc = r._process.proc  # the test plays the OOM killer
+        assert proc is not None
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert fleet.watch() == f"vllm-router (consistent_hash) exited; its log: {r.log_path}"
+        with pytest.raises(ServerError) as err:
+            fleet.check_alive("before the run")
+        assert "vllm-router (consistent_hash) is not running before the run\ncommand: " in str(err.value)
+        assert "--- last lines of the router log ---" in str(err.value)
+    finally:
+        r.stop()
+    nothing_left()  # its children went with it: the failure stopped its group
+
+
+def test_a_worker_killed_mid_benchmark_fails_the_run_and_the_next_run_gets_a_new_one(
+    tmp_path: Path, nothing_left
+) -> None:
+    runner = BenchRunner(tmp_path / "w", command=[*FAKE, "--fake-bench-worker", "--fake-hang", "--fake-children", "1"])
+    killed: list[int] = []
+
+    def kill() -> None:
+        if not killed and runner.proc is not None:
+            killed.append(runner.proc.pid)
+            os.kill(runner.proc.pid, signal.SIGKILL)
+
+    try:
+        with pytest.raises(BenchError) as err:
+            runner.run([], tmp_path / "r.json", 1, tmp_path / "run.log", timeout=60, watch=kill)
+        assert "benchmark process died with exit code -9\nre-run: " in str(err.value)
+        assert "worker log: " in str(err.value)
+        assert runner.proc is None
+        nothing_left()  # its child went with it
+        runner.prewarm()
+        assert runner.proc is not None
+        assert runner.proc.pid not in killed
+    finally:
+        runner.close()
+    nothing_left()

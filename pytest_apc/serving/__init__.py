@@ -1,7 +1,8 @@
 """Whatever serves a mode: launched vLLM servers, servers run elsewhere, fleets behind a router.
 
 Owns the deployment interface (``interface``: ``Deployment``, ``ServerInfo``), child processes and their
-cleanup (``process``), the vLLM server kinds (``server``), fleets and the router (``fleet``), which kind
+cleanup (``process``), one launched process from start to stop (``executor``), the vLLM server kinds
+(``server``), fleets (``fleet``) and the router in front of a launched one (``router``), which kind
 serves a mode (``deployment``), the server log watch (``logwatch``), short probes of servers run
 elsewhere (``probe``), the GPUs (``gpus``) and the server's counters (``metrics``).
 

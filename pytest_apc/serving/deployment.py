@@ -25,9 +25,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from pytest_apc.config import Settings
-from pytest_apc.serving.fleet import Fleet, Router
+from pytest_apc.serving.fleet import Fleet
 from pytest_apc.serving.gpus import cuda_visible_devices, gpu_memory_used_mib
 from pytest_apc.serving.interface import Deployment
+from pytest_apc.serving.router import Router
 from pytest_apc.serving.server import (
     ENV_PLACEHOLDER,
     Endpoint,

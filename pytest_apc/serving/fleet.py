@@ -7,8 +7,8 @@ each as a part), so the verdicts can count requests, hits and cold prefills per 
 
 Two kinds:
 
-* launched: ``--apc-replicas`` vLLM servers (``LaunchedServer``, one log each) behind ``vllm-router``,
-  which this module starts with one policy at a time (``route``); the replicas stay up across policies;
+* launched: ``--apc-replicas`` vLLM servers (``LaunchedServer``, one log each) behind ``vllm-router``
+  (``router.Router``), started with one policy at a time (``route``); the replicas stay up across policies;
 * external: a router or gateway run elsewhere (``--apc-fleet-url``) and every replica's base URL
   (``--apc-metrics-url``): measured, reset and scraped, never started or stopped.
 
@@ -19,10 +19,6 @@ one ``/metrics`` (the ``engine`` label).
 from __future__ import annotations
 
 import contextlib
-import shlex
-import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,122 +28,13 @@ from pathlib import Path
 import requests
 
 from pytest_apc.serving import metrics, probe
-from pytest_apc.serving import process as procs
 from pytest_apc.serving.interface import ServerInfo
-from pytest_apc.serving.logwatch import tail
-from pytest_apc.serving.server import Endpoint, ServerError, free_port
+from pytest_apc.serving.router import Router, RouterError
+from pytest_apc.serving.server import Endpoint, ServerError
 from pytest_apc.workload.cases import ServerMode
 
 # What replicas of one fleet must agree on to be measured as one (the cache_config_info labels).
 MUST_AGREE = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo")
-ROUTER_EXTRA = "pip install 'pytest-apc[fleet]'"  # or: pip install vllm-router
-
-
-class RouterError(ServerError):
-    """The router could not be started or stopped routing."""
-
-
-class Router:
-    """vllm-router in front of the replicas, started by pytest-apc with one policy at a time."""
-
-    def __init__(
-        self,
-        command: Sequence[str],
-        extra: Sequence[str],
-        *,
-        bind_host: str,
-        connect_host: str,
-        log_path: Path,
-        env: dict[str, str],
-        startup_timeout: float,
-        stop_timeout: float,
-    ) -> None:
-        self.command = _beside_python(list(command))
-        self.extra = list(extra)
-        self.bind_host = bind_host
-        self.connect_host = connect_host
-        self.log_path = log_path
-        self.env = env
-        self.startup_timeout = startup_timeout
-        self.stop_timeout = stop_timeout
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-        self.policy = ""
-        self.argv: list[str] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.connect_host}:{self.port}"
-
-    @property
-    def command_line(self) -> str:
-        return shlex.join(self.argv)
-
-    def missing(self) -> str | None:
-        """Why the router cannot be started here, said before trying."""
-        if shutil.which(self.command[0]) is None and not Path(self.command[0]).is_file():
-            return (
-                f"the fleet tests start vllm-router ({self.command[0]!r}), which is not installed: {ROUTER_EXTRA} "
-                "(or point --apc-router-command at it, or measure a fleet run elsewhere with --apc-fleet-url)"
-            )
-        return None
-
-    def start(self, policy: str, worker_urls: Sequence[str]) -> None:
-        """Start with ``policy`` and wait until it answers /health; raises RouterError with its log."""
-        self.stop()
-        self.port = free_port(self.bind_host)
-        self.policy = policy
-        # vllm-router also serves Prometheus metrics, on 127.0.0.1:29000 unless told otherwise: with that port
-        # taken (another run's router, any other process) it exits while starting. Its own free port; a
-        # --prometheus-port in --apc-router-arg comes later and wins.
-        self.argv = [
-            *self.command, "--worker-urls", *worker_urls, "--policy", policy,
-            "--host", self.bind_host, "--port", str(self.port),
-            "--prometheus-port", str(free_port("127.0.0.1")), *self.extra,
-        ]  # fmt: skip
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            log.write(f"\n===== pytest-apc: {self.command_line}\n".encode())
-            log.flush()
-            try:
-                self.proc = procs.spawn(self.argv, self.env, log)
-            except OSError as err:
-                raise RouterError(f"vllm-router could not be executed: {err}\ncommand: {self.command_line}") from err
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            code = self.proc.poll()
-            if code is not None:
-                raise self.failure(f"exited with code {code} while starting")
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise self.failure(f"did not answer /health within {self.startup_timeout:.0f} s")
-            time.sleep(0.3)
-
-    def failure(self, what: str) -> RouterError:
-        self.stop()
-        return RouterError(
-            f"vllm-router ({self.policy}) {what}\ncommand: {self.command_line}\nlog: {self.log_path}\n"
-            f"--- last lines of the router log ---\n{tail(self.log_path, 30)}"
-        )
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            procs.stop(self.proc, self.stop_timeout)
-            self.proc = None
-
-
-def _beside_python(command: list[str]) -> list[str]:
-    """A bare program name not on PATH is looked up next to this interpreter (a virtualenv not activated)."""
-    if command and "/" not in command[0] and shutil.which(command[0]) is None:
-        candidate = Path(sys.executable).parent / command[0]
-        if candidate.is_file():
-            return [str(candidate), *command[1:]]
-    return command
 
 
 class Fleet:
@@ -297,7 +184,7 @@ class Fleet:
     def _router_gone(self) -> Router | None:
         """The router pytest-apc started (not only configured) if it has exited; else None."""
         router = self.router
-        return router if router is not None and router.proc is not None and not router.alive() else None
+        return router if router is not None and router.exited() else None
 
     def alive(self) -> bool:
         return self._router_gone() is None and all(r.alive() for r in self.replicas)

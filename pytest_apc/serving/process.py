@@ -1,7 +1,8 @@
 """Child processes that never outlive pytest.
 
-Every server (and the benchmark worker) starts in a new session, so its process group holds vLLM's
-API server, EngineCore and tensor-parallel workers. Each one is
+Every launched process (a server, vllm-router, the benchmark worker: each an ``executor.Executor``)
+starts in a new session, so its process group holds vLLM's API server, EngineCore and tensor-parallel
+workers. Each one is
 
 * tagged with ``PYTEST_APC_OWNER`` in its environment, so a descendant that left the group can still be
   found (the mirakuru pattern);
@@ -97,12 +98,25 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def _group(pgid: int) -> list[psutil.Process]:
+    """The processes of group ``pgid``: a leader that has exited leaves its children in it, no longer its
+    descendants."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.pid != pgid and os.getpgid(proc.pid) == pgid:
+                found.append(proc)
+    return found
+
+
 def stop(proc: subprocess.Popen[bytes], grace: float) -> int | None:
-    """SIGTERM the group, wait ``grace`` seconds, SIGKILL group and descendants; return the exit code."""
+    """SIGTERM the group, wait ``grace`` seconds, SIGKILL group and descendants; return the exit code once
+    they are gone (also when the leader had exited before)."""
     try:
         descendants = psutil.Process(proc.pid).children(recursive=True)
     except psutil.Error:
         descendants = []
+    descendants += [member for member in _group(proc.pid) if member not in descendants]
     _killpg(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:

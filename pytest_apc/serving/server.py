@@ -13,7 +13,6 @@ import contextlib
 import os
 import re
 import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -28,7 +27,7 @@ import requests
 
 from pytest_apc.redaction import redact_argv
 from pytest_apc.serving import metrics, probe
-from pytest_apc.serving import process as procs
+from pytest_apc.serving.executor import Executor, describe
 from pytest_apc.serving.gpus import gpu_memory_used_mib, wait_gpu_memory_released
 from pytest_apc.serving.interface import EXTERNAL, Deployment, ServerInfo
 from pytest_apc.serving.logwatch import Fatal, LogWatch, tail
@@ -36,7 +35,6 @@ from pytest_apc.workload.cases import ServerMode
 
 # The engine logs "CPU KV cache size: 2,097,152 tokens, ..." (or "GPU ...") once its KV cache is allocated.
 KV_CACHE_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens.*")
-ADDRESS_IN_USE = "Address already in use"
 
 
 class ServerError(RuntimeError):
@@ -55,14 +53,6 @@ INCOMPLETE_POLLS = 6
 HEALTH_GRACE_S = 30.0
 # Titles vLLM gives its engine and worker processes (setproctitle): one that exits is a dead engine.
 ENGINE_TITLES = ("VLLM::EngineCore", "VLLM::Worker")
-
-
-def free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 # {env} or {env:FLAG} as one word of --apc-launcher: the server's own environment variables, by name.
@@ -243,12 +233,8 @@ class Endpoint(Deployment):
         return shlex.join(self.info.command)
 
     def _failure(self, what: str, lines: int = 40) -> ServerError:
-        return ServerError(
-            f"{self.mode.name} server {what}\n"
-            f"command: {self.command_line}\n"
-            f"log: {self.log_path}\n"
-            f"--- last lines of the server log ---\n{tail(self.log_path, lines)}"
-        )
+        who = f"{self.mode.name} server"
+        return ServerError(describe(who, what, self.command_line, self.log_path, "server", lines))
 
     def _wait_ready(self, started: float, timeout: float, hint: str) -> None:
         deadline = started + timeout
@@ -485,25 +471,31 @@ class LaunchedServer(Endpoint):
         self.connect_host = connect_host
         self._command_for_port = command_for_port
         self.env = env
-        self.stop_timeout = stop_timeout
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
         self.gpu_baseline = gpu_memory_used_mib()  # to wait for its release after the stop
+        self._process = Executor(
+            f"{mode.name} server", self.log_path, env, stop_timeout=stop_timeout, error=ServerError,
+            log_kind="server", bind_host=bind_host, port_retries=2, cancelled=self._cancelled.is_set,
+            after_stop=self._gpus_released,
+        )  # fmt: skip
         self._log_watch = LogWatch(self.log_path)
         self._engines: dict[int, tuple[psutil.Process, str]] = {}  # engine and worker processes seen
+
+    @property
+    def port(self) -> int:
+        return self._process.port
 
     @property
     def url(self) -> str:
         return f"http://{self.connect_host}:{self.port}"
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None and self.fatal() is None
+        return self._process.running() and self.fatal() is None
 
     def exit_code(self) -> int | None:
-        return self.proc.poll() if self.proc is not None else None
+        return self._process.exit_code()
 
     def check_alive(self, doing: str) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if not self._process.running():
             raise self._failure(f"is not running (exit code {self.exit_code()}) {doing}")
         fatal = self.fatal()
         if fatal is not None:
@@ -514,10 +506,11 @@ class LaunchedServer(Endpoint):
 
     def _engine_gone(self) -> Fatal | None:
         """An engine or worker process that exited while the API server runs on (it never recovers)."""
-        if self.proc is None:
+        proc = self._process.proc
+        if proc is None:
             return None
         with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(self.proc.pid).children(recursive=True):
+            for child in psutil.Process(proc.pid).children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     cmdline = child.cmdline()
                     title = " ".join(cmdline)
@@ -540,43 +533,29 @@ class LaunchedServer(Endpoint):
     def start(self) -> ServerInfo:
         """Launch and wait until ready; retries on a port taken between choosing and binding it."""
         started = time.monotonic()
-        for attempt in range(3):
-            self.port = free_port(self.bind_host)
-            argv = self._command_for_port(self.port)
-            self.info.command = redact_argv(argv)
-            self.info.url = self.url
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("ab") as log:
-                self._log_watch = LogWatch(self.log_path, start=log.tell())  # this launch's lines only
-                self._engines = {}
-                log.write(f"\n===== pytest-apc: {self.command_line}\n".encode())
-                log.flush()
-                try:
-                    self.proc = procs.spawn(argv, self.env, log)
-                except OSError as err:
-                    raise ServerError(
-                        f"{self.mode.name} server could not be executed: {err}\ncommand: {self.command_line}"
-                    ) from err
-            try:
-                self._wait_ready(
-                    started, self.startup_timeout, "raise --apc-startup-timeout if the model is just slow to load"
-                )
-            except ServerError:
-                self.stop()
-                if attempt < 2 and not self._cancelled.is_set() and ADDRESS_IN_USE in tail(self.log_path, 30):
-                    continue
-                raise
-            return self.info
-        raise AssertionError("unreachable")  # pragma: no cover
+        self._process.start(self._command, lambda: self._wait_launched(started))
+        return self.info
+
+    def _command(self, port: int) -> list[str]:
+        """This launch's command line, recorded (redacted) with its URL."""
+        argv = self._command_for_port(port)
+        self.info.command = redact_argv(argv)
+        self.info.url = self.url
+        return argv
+
+    def _wait_launched(self, started: float) -> None:
+        self._log_watch = LogWatch(self.log_path, start=self._process.log_offset)  # this launch's lines only
+        self._engines = {}
+        self._wait_ready(started, self.startup_timeout, "raise --apc-startup-timeout if the model is just slow to load")
+
+    def _gpus_released(self) -> None:
+        waited = wait_gpu_memory_released(self.gpu_baseline)
+        if waited:
+            self._progress(f"waited {waited:.0f} s for GPU memory to be released")
 
     def stop(self) -> None:
         """SIGTERM the whole process group, wait, SIGKILL; then wait until the GPUs have their memory back."""
-        if self.proc is not None:
-            procs.stop(self.proc, self.stop_timeout)
-            self.proc = None
-            waited = wait_gpu_memory_released(self.gpu_baseline)
-            if waited:
-                self._progress(f"waited {waited:.0f} s for GPU memory to be released")
+        self._process.stop()
         super().stop()
 
 
