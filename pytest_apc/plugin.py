@@ -39,6 +39,7 @@ SESSION_KEY = pytest.StashKey[ApcSession]()
 SIGTERM_KEY = pytest.StashKey[Any]()
 VERDICTS_KEY = pytest.StashKey[list[Verdict]]()
 NODE_LOCK_KEY = pytest.StashKey[IO[str]]()
+REAPS_KEY = pytest.StashKey[bool]()  # this run set its processes' owner tag, so it reaps them
 DESELECTED_KEY = pytest.StashKey[list[pytest.Item]]()
 REPORTER = "apc-reporter"  # the controller's ControllerReporter, as registered
 # A file in the run's process registry: an xdist worker's selected tests may start a server on this node.
@@ -105,6 +106,7 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         procs.configure()
         atexit.register(procs.reap)
+    config.stash[REAPS_KEY] = True
     if threading.current_thread() is threading.main_thread():
         previous = signal.getsignal(signal.SIGTERM)
         if previous in (signal.SIG_DFL, None):
@@ -392,7 +394,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     apc = config.stash.get(SESSION_KEY, None)
     if apc is not None:
         apc.close()
-    if not _is_worker(config):
+    # Only a run that configured its own owner tag reaps: one that stopped with a usage error before
+    # that (an in-process run inside another run's test) would kill the other run's processes.
+    if not _is_worker(config) and config.stash.get(REAPS_KEY, False):
         procs.reap()
     if NODE_LOCK_KEY in config.stash:
         config.stash[NODE_LOCK_KEY].close()

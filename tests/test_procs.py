@@ -345,3 +345,19 @@ def test_a_worker_killed_mid_benchmark_fails_the_run_and_the_next_run_gets_a_new
     finally:
         runner.close()
     nothing_left()
+
+
+def test_a_run_stopped_by_a_usage_error_reaps_nothing_of_the_run_around_it(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """An in-process pytest run that stops with a usage error before it configured its own owner tag
+    (an invalid setting) must not reap the processes of the run it runs inside: they carry that run's tag."""
+    with (tmp_path / "log").open("wb") as log:
+        proc = procs.spawn([sys.executable, "-c", "import time; time.sleep(60)"], {}, log)
+    try:
+        result = pytester.runpytest_inprocess("--cpu-node", "--apc-num-prompts=0")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        time.sleep(0.2)
+        assert proc.poll() is None, "the inner run's unconfigure killed a process of the outer run"
+    finally:
+        procs.stop(proc, grace=1.0)
