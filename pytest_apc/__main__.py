@@ -13,16 +13,16 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pytest_apc.config import SPEC_BY_NAME, default_for
 from pytest_apc.gate import calibration
-from pytest_apc.gate.compare import UnreadableResults, compare_documents, read_results
+from pytest_apc.gate.compare import compare_documents
 from pytest_apc.report.markdown import markdown
 from pytest_apc.report.terminal import gate_lines, summary_lines
-from pytest_apc.results.document import SCHEMA_VERSIONS
+from pytest_apc.results.reader import BadResults, Results, read
 from pytest_apc.results.view import ReportView
 
 PROG = "python -m pytest_apc"
@@ -143,29 +143,17 @@ def _gate_options(parser: argparse.ArgumentParser, default: str) -> None:
     )
 
 
-def _gate_setting(args: argparse.Namespace, option: str, name: str, doc: Mapping[str, Any]) -> Any:
+def _gate_setting(args: argparse.Namespace, option: str, name: str, doc: Results) -> Any:
     """A gate setting: the command line's, else the value ``doc`` ran with, else its profile's default."""
     given = getattr(args, option)
     if given is not None:
         return given
-    stored = (doc.get("settings") or {}).get(name)
-    return stored if stored is not None else default_for(name, doc.get("profile"))
-
-
-def _read(path: Path, role: str) -> dict[str, Any]:
-    """A results file of a schema version this package knows; :class:`UnreadableResults` otherwise."""
-    doc = read_results(path, role)
-    version = doc.get("schema_version")
-    if version is None:
-        raise UnreadableResults(f"{role} {path} is not a pytest-apc results file (no schema_version)")
-    if version not in SCHEMA_VERSIONS:
-        known = ", ".join(map(str, SCHEMA_VERSIONS))
-        raise UnreadableResults(f"{role} {path} has schema_version {version!r}; this pytest-apc reads {known}")
-    return doc
+    stored = (doc.data.get("settings") or {}).get(name)
+    return stored if stored is not None else default_for(name, doc.data.get("profile"))
 
 
 def _report(args: argparse.Namespace) -> int:
-    doc = _read(args.results, "results file")
+    doc = read(args.results).data
     view = ReportView.from_document(doc, str(args.results))
     if args.markdown:
         sys.stdout.write(markdown(view))
@@ -177,8 +165,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    old = _read(args.baseline, "baseline")
-    new = _read(args.results, "results file")
+    old = read(args.baseline, "baseline")
+    new = read(args.results)
     false_alarm = _gate_setting(args, "false_alarm", "baseline_false_alarm", new)
     repeats = _gate_setting(args, "repeats", "baseline_repeats", new)
     print(f"{args.results} against baseline {args.baseline}")
@@ -192,12 +180,12 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    docs = [(str(path), _read(path, "results file")) for path in args.results]
-    first = docs[0][1]
+    docs = [read(path) for path in args.results]
+    first = docs[0]
     false_alarm = _gate_setting(args, "false_alarm", "baseline_false_alarm", first)
     repeats = _gate_setting(args, "repeats", "baseline_repeats", first)
     try:
-        slower = [(str(path), _read(path, "results file")) for path in args.slower]
+        slower = [read(path) for path in args.slower]
         found = calibration.report(docs, repeats, false_alarm, slower)
     except calibration.NotCalibratable as err:
         print(f"{PROG} calibrate: {err}", file=sys.stderr)
@@ -205,7 +193,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     for line in found.lines:
         print(line)
     if args.write is not None:
-        target = _read(args.write, "baseline")
+        target = read(args.write, "baseline")
         calibration.store(args.write, target, found.calibration)
         print(f"wrote the noise of {len(docs)} results files into {args.write}: compare and --apc-baseline with it "
               "use these limits")  # fmt: skip
@@ -220,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except UnreadableResults as err:
+    except BadResults as err:
         print(f"{PROG} {args.command}: {err}", file=sys.stderr)
         return USAGE
 

@@ -135,7 +135,7 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
         while run_dir.exists():
             suffix += 1
             run_dir = root / f"{stamp}-{suffix}"
-    json_path = Path(settings.json) if settings.json else run_dir / "results.json"
+    json_path = Path(settings.json) if settings.json else run_dir / results.FILE_NAME
     tr = config.pluginmanager.get_plugin("terminalreporter")
     progress = report.progress_writer(config, tr)
     session = ApcSession(

@@ -17,7 +17,6 @@ looked at.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,8 +26,9 @@ from typing import Any
 from pytest_apc.config import model_path_for_display
 from pytest_apc.gate import noise
 from pytest_apc.measure.provenance import layouts
+from pytest_apc.measure.records import RunRecord
 from pytest_apc.results.formatting import num, percent
-from pytest_apc.results.view import fleet_run_ids
+from pytest_apc.results.reader import BadResults, Document, Results, read
 
 # Settings that change what a run measures: a baseline with another value is not comparable.
 COMPARED_SETTINGS = (
@@ -189,28 +189,28 @@ def _run_names(ids: Any) -> str:
     return ", ".join(sorted(ids)) or "none"
 
 
-def _hits(run: Mapping[str, Any]) -> list[int] | None:
+def _hits(run: RunRecord) -> list[int] | None:
     """The prefix-cache hits of every repeat of an APC-on run; None for an OFF run or missing counters."""
-    if not run.get("apc"):
+    if not run.key.apc:
         return None
-    hits = [(c.get("delta") or {}).get("prefix_cache_hits") for c in run.get("repeat_counters") or []]
+    hits = [rep.delta.prefix_cache_hits if rep.delta else None for rep in run.repeats]
     known = [int(h) for h in hits if h is not None]
     if hits and len(known) == len(hits):
         return known
-    first = run.get("prefix_cache_hits")  # files that kept only the first repeat's counters
+    first = run.delta.prefix_cache_hits if run.delta else None  # files that kept only the first repeat's counters
     return None if first is None else [int(first)]
 
 
-def calibration_of(doc: Mapping[str, Any]) -> noise.Calibration | None:
+def calibration_of(doc: Results) -> noise.Calibration | None:
     """The calibration ``calibrate --write`` stored in a results file, if any."""
-    stored = doc.get("calibration")
+    stored = doc.data.get("calibration")
     return noise.Calibration.from_json(stored) if isinstance(stored, Mapping) else None
 
 
-def noise_for(run_id: str, baseline_doc: Mapping[str, Any], baseline: str) -> noise.Noise:
+def noise_for(run_id: str, baseline_doc: Results, baseline: str) -> noise.Noise:
     """The noise the gate assumes for one run: the baseline's calibration where it measured the run, else
     the default of the baseline's profile."""
-    default = noise.PROFILE_NOISE.get(str(baseline_doc.get("profile")), noise.PROFILE_NOISE["gpu"])
+    default = noise.PROFILE_NOISE.get(str(baseline_doc.data.get("profile")), noise.PROFILE_NOISE["gpu"])
     calibration = calibration_of(baseline_doc)
     if calibration is None:
         return default
@@ -256,9 +256,9 @@ def _repeats_text(values: list[float] | None) -> str:
 
 
 def compare_runs(
-    new_runs: Mapping[str, dict[str, Any]],
-    old_runs: Mapping[str, dict[str, Any]],
-    baseline_doc: Mapping[str, Any],
+    new_runs: Mapping[str, RunRecord],
+    old_runs: Mapping[str, RunRecord],
+    baseline_doc: Results,
     baseline: str,
     false_alarm: float,
     min_repeats: int,
@@ -286,8 +286,7 @@ def compare_runs(
     alpha = false_alarm / max(1, len(judged))
     # What the repeats cost: every judged run's benchmark time here, and how much of it one repeat each would save.
     seconds = {
-        run_id: [float(c.get("duration_s") or 0.0) for c in new_runs[run_id].get("repeat_counters") or []]
-        for run_id in judged
+        run_id: [float(rep.bench.get("duration") or 0.0) for rep in new_runs[run_id].repeats] for run_id in judged
     }
     rule = {
         "benchmark_s": sum(sum(d) for d in seconds.values()),
@@ -341,29 +340,13 @@ def compare_runs(
     return rows, failures, warnings, rule
 
 
-class UnreadableResults(Exception):
-    """A results file that cannot be read, or is not a JSON object; the message says which and why."""
-
-
-def read_results(path: Path, role: str = "results file") -> dict[str, Any]:
-    """A results file as a dict; :class:`UnreadableResults` names ``role`` (e.g. "baseline") and the path."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise UnreadableResults(f"cannot read {role} {path}: {err}") from err
-    if not isinstance(doc, dict):
-        raise UnreadableResults(f"{role} {path} is not a pytest-apc results file (not a JSON object)")
-    return doc
-
-
-def compare_documents(
-    old: Mapping[str, Any], new: Mapping[str, Any], baseline: str, false_alarm: float, min_repeats: int
-) -> Gate:
+def compare_documents(old: Document, new: Document, baseline: str, false_alarm: float, min_repeats: int) -> Gate:
     """The gate's rules: results document ``new`` against the baseline document ``old`` (read from
     ``baseline``, which the messages name). Refused (a failure) when the baseline has no runs, ``new`` has
     none, they were measured under other conditions, or they share no run; a run of ``new`` the baseline
     lacks, while others overlap, is a warning (``Gate.warnings``). Fleet runs (case R) are not gated; a
     refusal for want of runs names the fleet runs a document has instead."""
+    old, new = Results.of(old), Results.of(new)
     gate = Gate(baseline=baseline)
     old_runs, new_runs = noise.gated_runs(old), noise.gated_runs(new)
     if not old_runs:
@@ -373,11 +356,11 @@ def compare_documents(
     if not new_runs:
         gate.failures.append(f"nothing was measured to compare with baseline {baseline}{_not_gated(new, 'the')}")
         return gate
-    gate.not_comparable = differences(new, old)
+    gate.not_comparable = differences(new.data, old.data)
     if gate.not_comparable:
         gate.failures.append(f"not comparable with baseline {baseline}: {_difference_text(gate.not_comparable)}")
         return gate
-    gate.changes = version_changes(new, old)
+    gate.changes = version_changes(new.data, old.data)
     gate.rows, gate.failures, gate.warnings, gate.rule = compare_runs(
         new_runs, old_runs, old, baseline, false_alarm, min_repeats
     )
@@ -395,19 +378,19 @@ def compare_documents(
     return gate
 
 
-def _not_gated(doc: Mapping[str, Any], whose: str) -> str:
+def _not_gated(doc: Results, whose: str) -> str:
     """``: the fleet runs (R-c8-round_robin) are not gated`` for a document with fleet runs; else ""."""
-    ids = fleet_run_ids(doc)
+    ids = [run.key.id for run in doc.runs if run.key.route]
     if not ids:
         return ""
     return f": {whose} fleet runs ({', '.join(ids)}) are not gated (the gate compares single-server runs only)"
 
 
-def compare_baseline(document: Mapping[str, Any], baseline_path: Path, false_alarm: float, min_repeats: int) -> Gate:
+def compare_baseline(document: Document, baseline_path: Path, false_alarm: float, min_repeats: int) -> Gate:
     """This run (its results document) against a stored results file (``--apc-baseline``), by
     :func:`compare_documents`; a file that cannot be read is a failure of the gate."""
     try:
-        old = read_results(baseline_path, "baseline")
-    except UnreadableResults as err:
+        old = read(baseline_path, "baseline")
+    except BadResults as err:
         return Gate(baseline=str(baseline_path), failures=[str(err)])
     return compare_documents(old, document, str(baseline_path), false_alarm, min_repeats)

@@ -67,12 +67,13 @@ class ControllerReporter:
             self.data = ReportData.build(self.apc.measured.records, self.outcomes, self.apc.settings)
         return self.data
 
-    def document(self) -> dict[str, Any]:
+    def document(self, files: dict[str, Any] | None = None) -> dict[str, Any]:
         """This session's results document as results.json holds it: what every report reads."""
         data = self.report_data()  # first: under xdist it loads what the workers measured
         if self._environment is None:
             self._environment = environment(self.apc.measured.servers, self.apc.run_dir.parent)
-        return results.of_session(self.apc, {"environment": self._environment, **report_blocks(data, self.gate)})
+        report = {"environment": self._environment, **report_blocks(data, self.gate)}
+        return results.of_session(self.apc, report, files)
 
     def view(self) -> ReportView:
         return ReportView.from_document(self.document(), str(self.apc.json_path))
@@ -107,10 +108,8 @@ class ControllerReporter:
                 handle.write(text)
         apc.json_path.parent.mkdir(parents=True, exist_ok=True)
         written = plots(data, apc.json_path.parent)
-        doc = self.document()  # built after the plots: its timing counts the whole session
-        doc["files"] = {"json": str(apc.json_path), "markdown": str(md_path), "plots": written}
-        doc["timing"] = doc.pop("timing")  # stays the last block
-        results.write(apc.json_path, doc)
+        files = {"json": str(apc.json_path), "markdown": str(md_path), "plots": written}
+        results.write(apc.json_path, self.document(files))  # built after the plots: its timing counts them
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.config.option.collectonly:
