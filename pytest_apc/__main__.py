@@ -28,13 +28,15 @@ from pytest_apc.results.view import ReportView
 PROG = "python -m pytest_apc"
 
 # Exit statuses: what a pipeline branches on.
-OK, GATE_FAILED, USAGE = 0, 1, 2
+OK, GATE_FAILED, USAGE, BAD_INPUT = 0, 1, 2, 3
 
 EXIT_STATUSES = """exit status:
   0  done (compare: the gate passed; calibrate: the same-build check passed)
   1  compare: the gate failed (not comparable, too few repeats, no overlapping run, or a regression);
      calibrate: the rule failed same-build pairs more often than its false-alarm probability
-  2  usage error, or a file that cannot be read or is not a pytest-apc results file"""
+  2  usage error (calibrate: also files that cannot make a calibration)
+  3  a file that cannot be read or is not a valid pytest-apc results file: one line names the file, the
+     field and what is wrong with it; nothing else is printed"""
 
 
 def _setting_option(name: str) -> Any:
@@ -181,19 +183,19 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     docs = [read(path) for path in args.results]
+    slower = [read(path) for path in args.slower]
+    target = read(args.write, "baseline") if args.write is not None else None  # every file, before any output
     first = docs[0]
     false_alarm = _gate_setting(args, "false_alarm", "baseline_false_alarm", first)
     repeats = _gate_setting(args, "repeats", "baseline_repeats", first)
     try:
-        slower = [read(path) for path in args.slower]
         found = calibration.report(docs, repeats, false_alarm, slower)
     except calibration.NotCalibratable as err:
         print(f"{PROG} calibrate: {err}", file=sys.stderr)
         return USAGE
     for line in found.lines:
         print(line)
-    if args.write is not None:
-        target = read(args.write, "baseline")
+    if args.write is not None and target is not None:
         calibration.store(args.write, target, found.calibration)
         print(f"wrote the noise of {len(docs)} results files into {args.write}: compare and --apc-baseline with it "
               "use these limits")  # fmt: skip
@@ -210,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except BadResults as err:
         print(f"{PROG} {args.command}: {err}", file=sys.stderr)
-        return USAGE
+        return BAD_INPUT
 
 
 if __name__ == "__main__":

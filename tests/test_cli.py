@@ -261,10 +261,10 @@ def test_compare_across_schema_versions(capsys: pytest.CaptureFixture[str], tmp_
         "baseline with --apc-repeats 3)" in lines  # fmt: skip
 
 
-def test_a_missing_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_a_missing_file_is_one_line_and_exit_3(tmp_path: Path) -> None:
     missing = tmp_path / "nope.json"
     result = _run("compare", str(H200), str(missing))
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         f"python -m pytest_apc compare: cannot read results file {missing}: "
@@ -281,13 +281,13 @@ def test_a_missing_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
         ("{", "cannot read results file"),
     ],
 )
-def test_a_file_that_is_not_a_results_file_exits_2(
+def test_a_file_that_is_not_a_results_file_exits_3(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, message: str
 ) -> None:
     path = tmp_path / "r.json"
     path.write_text(content)
     status, lines, err = _cli(capsys, "report", str(path))
-    assert (status, lines) == (2, [])
+    assert (status, lines) == (3, [])
     assert len(err.splitlines()) == 1
     assert message in err
 
@@ -298,6 +298,40 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
             main(args)
         assert exit_.value.code == 2
     assert "argument --false-alarm: must be in (0, 1]" in capsys.readouterr().err
+
+
+DAMAGED = [
+    (lambda d: d["runs"][0].pop("id"), "runs[0].id is missing"),
+    (lambda d: d["runs"].__setitem__(0, "C-c8"), 'runs[0] is a string ("C-c8"), not an object'),
+    (lambda d: d["runs"][0].__setitem__("repeat_counters", "5"),
+     'runs[0].repeat_counters is a string ("5"), not an array'),
+    (lambda d: d["runs"][0]["repeat_counters"][0].__setitem__("mean_ttft_ms", "765"),
+     'runs[0].repeat_counters[0].mean_ttft_ms is a string ("765"), not a number or null'),
+    (lambda d: d.__setitem__("gate", "passed"), 'gate is a string ("passed"), not an object'),
+    (lambda d: d["runs"][1].__setitem__("id", "C-c8"), "runs[1].case is \"D\", but its id 'C-c8' says \"C\""),
+    (lambda d: d["runs"][0]["repeat_counters"].pop(),
+     "runs[0].repeat_counters has 4 entries for 5 repeats (one per repeat)"),
+    (lambda d: d["runs"][0]["repeat_counters"][0].pop("median_ttft_ms"),
+     "runs[0].repeat_counters[0].median_ttft_ms is missing (its schema_version has it)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("damage", "message"), DAMAGED)
+@pytest.mark.parametrize("command", ["report", "compare", "calibrate"])
+def test_a_damaged_results_file_is_one_line_naming_the_field_and_exit_3(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, damage: Any, message: str, command: str
+) -> None:
+    """Each of these once gave a traceback and exit status 1, the status of a failed gate."""
+    doc = _doc(SAME[0])
+    damage(doc)
+    path = _write(tmp_path, "damaged.json", doc)
+    args = {"report": [str(path)], "compare": [str(path), str(SAME[1])], "calibrate": [str(SAME[1]), str(path)]}
+    status, lines, err = _cli(capsys, command, *args[command])
+    role = "baseline" if command == "compare" else "results file"
+    assert (status, lines) == (3, [])
+    assert err.splitlines() == [
+        f"python -m pytest_apc {command}: {role} {path} is not a valid results file of schema_version 4: {message}"
+    ]
 
 
 def test_help_documents_the_commands_and_exit_statuses() -> None:

@@ -75,3 +75,40 @@ def test_calibrate_writes_its_baseline_through_the_one_writer(
     saved = json.loads(baseline.read_text())
     assert list(saved)[-2:] == ["calibration", "timing"]
     capsys.readouterr()
+
+
+def _committed(name: str) -> dict:
+    return json.loads((REPO / "docs" / "results" / name / "results.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "damage", "field"),
+    [
+        ("fleet-cpu", 6, lambda d: d["servers"][0].pop("served_model_name"), "servers[0].served_model_name"),
+        ("cpu", 5, lambda d: d["runs"][0].pop("external_tokens"), "runs[0].external_tokens"),
+        ("h200-gate/same-build/cd-1", 4, lambda d: d["runs"][0]["repeat_counters"][0].pop("mean_ttft_ms"),
+         "runs[0].repeat_counters[0].mean_ttft_ms"),
+    ],
+)  # fmt: skip
+def test_what_a_schema_version_added_is_required_from_that_version_on(name, version, damage, field) -> None:
+    doc = _committed(name)
+    assert doc["schema_version"] == version
+    damage(doc)
+    assert reader.problem(doc) == f"{field} is missing (its schema_version has it)"
+    assert reader.problem({**doc, "schema_version": version - 1}) is None  # an older file may lack it
+
+
+def test_a_problem_names_the_field_and_what_it_is(tmp_path: Path) -> None:
+    doc = _committed("cpu")
+    doc["runs"][0]["concurrency"] = 0
+    assert reader.problem(doc) == "runs[0].concurrency is 0, below the minimum 1"
+    doc = _committed("cpu")
+    doc["verdicts"][0]["name"] = "fast_enough"
+    assert reader.problem(doc).startswith('verdicts[0].name is "fast_enough", not one of "apc_really_off", ')
+    doc = _committed("cpu")
+    doc["errors"] = {"Z-c8": "it broke"}
+    assert reader.problem(doc) == "errors: not a run id: 'Z-c8' (expected e.g. 'D-c8')"
+    path = tmp_path / "r.json"
+    path.write_text('{"schema_version": 5, "runs": [{"wall_s": NaN}]}')
+    with pytest.raises(reader.BadResults, match=r"^cannot read results file .*r\.json: NaN is not a JSON number$"):
+        reader.read(path)
