@@ -23,6 +23,7 @@ import pytest
 
 from pytest_apc import config as apc_config
 from pytest_apc import redaction, report
+from pytest_apc.gate.baseline import Baseline, Refused
 from pytest_apc.measure.records import MeasurementError, RunRecord
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.results import document as results
@@ -38,6 +39,7 @@ SIGTERM_KEY = pytest.StashKey[Any]()
 VERDICTS_KEY = pytest.StashKey[list[Verdict]]()
 NODE_LOCK_KEY = pytest.StashKey[IO[str]]()
 DESELECTED_KEY = pytest.StashKey[list[pytest.Item]]()
+BASELINE_KEY = pytest.StashKey[Baseline]()
 
 
 class ApcUnusedOptionWarning(pytest.PytestWarning):
@@ -93,6 +95,11 @@ def pytest_configure(config: pytest.Config) -> None:
     except apc_config.SettingError as err:
         raise pytest.UsageError(str(err)) from None
     config.stash[SETTINGS_KEY] = settings
+    if settings.enabled and settings.baseline:
+        try:  # before anything runs: a baseline the gate cannot use is known now, not after the matrix
+            config.stash[BASELINE_KEY] = Baseline.at_configure(settings)
+        except Refused as err:
+            raise pytest.UsageError(str(err)) from None
     if not _is_worker(config):
         missing = deployment.missing_benchmark(settings)
         if missing:
@@ -118,7 +125,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.enabled:
         config.stash[SESSION_KEY] = apc = _new_session(config, settings)
         if not _is_worker(config):
-            config.pluginmanager.register(report.ControllerReporter(config, apc), "apc-reporter")
+            reporter = report.ControllerReporter(config, apc, config.stash.get(BASELINE_KEY, None))
+            config.pluginmanager.register(reporter, "apc-reporter")
 
 
 def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSession:
@@ -142,6 +150,9 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
         settings=settings, run_dir=run_dir, json_path=json_path, progress=progress, is_worker=winput is not None
     )
     session.publish = lambda: results.publish(session)
+    baseline = config.stash.get(BASELINE_KEY, None)
+    if baseline is not None:
+        session.refuse = lambda: baseline.refusal(session)
     return session
 
 
@@ -280,6 +291,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             session.plan.add(_runs_of(item))
     if session is not None and settings is not None:
         _warn_unused_settings(config, settings, session, items)
+        if BASELINE_KEY in config.stash:
+            try:  # the selected runs are known: enough repeats of each the baseline has, before any server starts
+                config.stash[BASELINE_KEY].check_runs(session.plan.keys)
+            except Refused as err:
+                if not _is_worker(config):
+                    raise pytest.UsageError(str(err)) from None
+                session.refuse_runs(str(err))  # an xdist worker cannot stop the session: its runs fail with it
 
 
 def pytest_deselected(items: Sequence[pytest.Item]) -> None:

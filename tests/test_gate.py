@@ -18,7 +18,7 @@ from pytest_apc.gate import compare as gate
 from pytest_apc.gate import noise
 from pytest_apc.measure.records import Measured, Repeat, RunRecord
 from pytest_apc.report import terminal
-from pytest_apc.results import SCHEMA_PATH, document
+from pytest_apc.results import SCHEMA_PATH, document, reader
 from pytest_apc.results.view import ReportView
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.serving.metrics import Delta
@@ -66,7 +66,7 @@ SAME = {"C-c8": [100.0, 104.0, 98.0], "D-c8": [40.0, 41.0, 39.5]}
 def _gate(old: dict[str, Any], new: dict[str, Any], tmp_path: Path, repeats: int = 3) -> gate.Gate:
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps(old))
-    return gate.compare_baseline(new, path, 0.01, repeats)
+    return gate.compare_documents(reader.read(path, "baseline"), new, str(path), 0.01, repeats)
 
 
 def test_a_comparable_baseline_passes_and_every_run_is_shown(pytester, tmp_path) -> None:
@@ -290,7 +290,7 @@ def test_the_gate_block_is_schema_valid(pytester, tmp_path) -> None:
 
 def test_a_results_file_of_schema_version_1_is_read_as_a_baseline(pytester, tmp_path) -> None:
     """The H200 results in docs/ (schema_version 1, GPU profile): read, and refused for every difference."""
-    result = gate.compare_baseline(_doc(pytester, SAME), H200_RESULTS, 0.01, 3)
+    result = gate.compare_documents(reader.read(H200_RESULTS), _doc(pytester, SAME), str(H200_RESULTS), 0.01, 3)
     (message,) = result.failures
     assert message.startswith(f"not comparable with baseline {H200_RESULTS}: profile cpu here vs gpu there; ")
     for part in ("model tiny-llama-v1-0123456789ab vs llama-3.1-8b-shape-v1-e18e6ae6be32",

@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pytest_apc.config import model_path_for_display
@@ -28,7 +27,7 @@ from pytest_apc.gate import noise
 from pytest_apc.measure.provenance import layouts
 from pytest_apc.measure.records import RunRecord
 from pytest_apc.results.formatting import num, percent
-from pytest_apc.results.reader import BadResults, Document, Results, read
+from pytest_apc.results.reader import Document, Results
 
 # Settings that change what a run measures: a baseline with another value is not comparable.
 COMPARED_SETTINGS = (
@@ -185,6 +184,27 @@ def _difference_text(differences_: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
+def not_comparable(baseline: str, found: list[dict[str, Any]]) -> str:
+    """The refusal of a baseline measured under other conditions (:func:`differences`)."""
+    return f"not comparable with baseline {baseline}: {_difference_text(found)}"
+
+
+def too_few_repeats(baseline: str, run_ids: str, repeats: int | None, min_repeats: int) -> str:
+    """The refusal of baseline runs with fewer cold repeats than the rule needs (None: no per-repeat TTFT)."""
+    return (
+        f"baseline {baseline} has {_repeats_text(repeats)} of {run_ids}; the gate needs {min_repeats} or more "
+        f"(measure the baseline with --apc-repeats {min_repeats})"
+    )
+
+
+def no_shared_run(baseline: str, here: Any, there: Any) -> str:
+    """The refusal of a baseline that has none of this run's runs (run ids ``here`` and ``there``)."""
+    return (
+        f"no run of this run is in baseline {baseline}: this run has {_run_names(here)}; "
+        f"the baseline has {_run_names(there)}"
+    )
+
+
 def _run_names(ids: Any) -> str:
     return ", ".join(sorted(ids)) or "none"
 
@@ -251,8 +271,12 @@ def _observed_spread_warning(run_id: str, before: list[float], now: list[float],
     )
 
 
-def _repeats_text(values: list[float] | None) -> str:
-    return "no per-repeat TTFT" if values is None else f"{len(values)} cold repeat{'s' * (len(values) != 1)}"
+def _count(values: list[float] | None) -> int | None:
+    return None if values is None else len(values)
+
+
+def _repeats_text(repeats: int | None) -> str:
+    return "no per-repeat TTFT" if repeats is None else f"{repeats} cold repeat{'s' * (repeats != 1)}"
 
 
 def compare_runs(
@@ -272,13 +296,10 @@ def compare_runs(
     judged = []
     for run_id, (before, now) in values.items():
         if before is None or len(before) < min_repeats:
-            failures.append(
-                f"baseline {baseline} has {_repeats_text(before)} of {run_id}; the gate needs {min_repeats} or more "
-                f"(measure the baseline with --apc-repeats {min_repeats})"
-            )
+            failures.append(too_few_repeats(baseline, run_id, _count(before), min_repeats))
         elif now is None or len(now) < min_repeats:
             failures.append(
-                f"this run has {_repeats_text(now)} of {run_id}; the gate needs {min_repeats} or more against "
+                f"this run has {_repeats_text(_count(now))} of {run_id}; the gate needs {min_repeats} or more against "
                 f"baseline {baseline}"
             )
         else:
@@ -358,17 +379,14 @@ def compare_documents(old: Document, new: Document, baseline: str, false_alarm: 
         return gate
     gate.not_comparable = differences(new.data, old.data)
     if gate.not_comparable:
-        gate.failures.append(f"not comparable with baseline {baseline}: {_difference_text(gate.not_comparable)}")
+        gate.failures.append(not_comparable(baseline, gate.not_comparable))
         return gate
     gate.changes = version_changes(new.data, old.data)
     gate.rows, gate.failures, gate.warnings, gate.rule = compare_runs(
         new_runs, old_runs, old, baseline, false_alarm, min_repeats
     )
     if not gate.rows:
-        gate.failures.append(
-            f"no run of this run is in baseline {baseline}: this run has {_run_names(new_runs)}; "
-            f"the baseline has {_run_names(old_runs)}"
-        )
+        gate.failures.append(no_shared_run(baseline, new_runs, old_runs))
         return gate
     gate.warnings += [
         f"baseline {baseline} has no run {run_id}: not compared"
@@ -384,13 +402,3 @@ def _not_gated(doc: Results, whose: str) -> str:
     if not ids:
         return ""
     return f": {whose} fleet runs ({', '.join(ids)}) are not gated (the gate compares single-server runs only)"
-
-
-def compare_baseline(document: Document, baseline_path: Path, false_alarm: float, min_repeats: int) -> Gate:
-    """This run (its results document) against a stored results file (``--apc-baseline``), by
-    :func:`compare_documents`; a file that cannot be read is a failure of the gate."""
-    try:
-        old = read(baseline_path, "baseline")
-    except BadResults as err:
-        return Gate(baseline=str(baseline_path), failures=[str(err)])
-    return compare_documents(old, document, str(baseline_path), false_alarm, min_repeats)

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from pytest_apc.gate.compare import Gate, compare_baseline
+from pytest_apc.gate.baseline import Baseline
+from pytest_apc.gate.compare import Gate, compare_documents
 from pytest_apc.measure.provenance import environment
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.redaction import redact
@@ -42,9 +43,10 @@ class ControllerReporter:
     """Registered on the controller only (or the single process). Gathers verdicts from every report,
     which is how results cross from xdist workers; gates the exit code; writes every file once."""
 
-    def __init__(self, config: pytest.Config, apc: ApcSession) -> None:
+    def __init__(self, config: pytest.Config, apc: ApcSession, baseline: Baseline | None = None) -> None:
         self.config = config
         self.apc = apc
+        self.baseline = baseline  # read and checked at configure time (--apc-baseline)
         self.outcomes = Outcomes()
         self.gate = Gate()
         self.data: ReportData | None = None
@@ -85,10 +87,11 @@ class ControllerReporter:
         if self.config.option.collectonly:
             return result  # nothing was measured, so there is nothing to gate
         settings = self.apc.settings
-        if settings.baseline:
-            self.gate = compare_baseline(
-                self.document(), Path(settings.baseline), settings.baseline_false_alarm, settings.baseline_repeats
-            )
+        if self.baseline is not None:
+            self.gate = compare_documents(
+                self.baseline.results, self.document(), self.baseline.path, settings.baseline_false_alarm,
+                settings.baseline_repeats,
+            )  # fmt: skip
             self.apc.measured.warnings.extend(self.gate.warnings)
             if self.gate.failures:
                 session.testsfailed += 1
