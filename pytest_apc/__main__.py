@@ -99,7 +99,7 @@ def parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("baseline", metavar="BASELINE", type=Path, help="the results.json to compare with")
     compare.add_argument("results", metavar="RESULTS", type=Path, help="the results.json to judge")
-    _gate_options(compare, "default: the value RESULTS ran with, else the default")
+    _gate_options(compare, "RESULTS")
     calibrate = command(
         "calibrate",
         "measure the run-to-run noise of several results files of one build",
@@ -108,11 +108,15 @@ def parser() -> argparse.ArgumentParser:
         "gate's false alarms at --false-alarm for K repeats, the smallest slowdown that limit catches with 95% "
         "probability, and the same for the median TTFT and the duration (to see why the gate judges the mean). "
         "Then it applies the rule to every pair of K-sets of repeats from two different files: how often the "
-        "unchanged build failed. --write BASELINE stores the noise in that results file, so that compare and "
-        "--apc-baseline use this node's limits instead of the profile's default.",
+        "unchanged build failed. K is --repeats, the repeats of a gated run, not how many the files have. "
+        "--write BASELINE stores the noise in that results file (or, where there is none, in a copy of the first "
+        "file), so that compare and --apc-baseline use this node's limits instead of the profile's default. "
+        "Refused (exit status 2, before anything is printed): files the gate would not compare with each other "
+        "(the first file is the reference for the others, --slower and --write), and files it cannot measure "
+        "both spreads from (a run needs 2 or more cold repeats in each file, and to be in 2 or more files).",
     )
     calibrate.add_argument("results", metavar="RESULTS", type=Path, nargs="+", help="results.json files of one build")
-    _gate_options(calibrate, "default: the value the first file ran with, else the default")
+    _gate_options(calibrate, "the first file")
     calibrate.add_argument(
         "--slower",
         metavar="RESULTS",
@@ -125,24 +129,24 @@ def parser() -> argparse.ArgumentParser:
         "--write",
         metavar="BASELINE",
         type=Path,
-        help="store the measured noise in this results file (rewritten in place) for use as the baseline",
+        help="store the measured noise in this results file (rewritten in place), or in a new one, a copy of the "
+        "first RESULTS, for use as the baseline",
     )
     return top
 
 
-def _gate_options(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument(
-        "--false-alarm",
-        metavar="FRACTION",
-        type=_setting_option("baseline_false_alarm"),
-        help=f"{SPEC_BY_NAME['baseline_false_alarm'].help} (--apc-baseline-false-alarm); {default}",
-    )
-    parser.add_argument(
-        "--repeats",
-        metavar="K",
-        type=_setting_option("baseline_repeats"),
-        help=f"{SPEC_BY_NAME['baseline_repeats'].help} (--apc-baseline-repeats); {default}",
-    )
+def _gate_options(parser: argparse.ArgumentParser, whose: str) -> None:
+    """--false-alarm and --repeats, whose defaults are the settings ``whose`` (a file) ran with."""
+    for option, metavar, name in (("--false-alarm", "FRACTION", "baseline_false_alarm"),
+                                  ("--repeats", "K", "baseline_repeats")):  # fmt: skip
+        flag = SPEC_BY_NAME[name].option
+        parser.add_argument(
+            option,
+            metavar=metavar,
+            type=_setting_option(name),
+            help=f"{SPEC_BY_NAME[name].help} ({flag}); default: the {flag} {whose} ran with (its settings.{name}; "
+            f"in files written before the setting existed, the profile's default)",
+        )
 
 
 def _gate_setting(args: argparse.Namespace, option: str, name: str, doc: Results) -> Any:
@@ -184,21 +188,23 @@ def _compare(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     docs = [read(path) for path in args.results]
     slower = [read(path) for path in args.slower]
-    target = read(args.write, "baseline") if args.write is not None else None  # every file, before any output
+    # --write to a results file stores the noise in it; to a new file, it writes the first file with it.
+    target = read(args.write, "baseline") if args.write is not None and args.write.exists() else None
     first = docs[0]
     false_alarm = _gate_setting(args, "false_alarm", "baseline_false_alarm", first)
     repeats = _gate_setting(args, "repeats", "baseline_repeats", first)
-    try:
-        found = calibration.report(docs, repeats, false_alarm, slower)
+    try:  # every file read and every refusal made before anything is printed
+        found = calibration.report(docs, repeats, false_alarm, slower, target)
     except calibration.NotCalibratable as err:
         print(f"{PROG} calibrate: {err}", file=sys.stderr)
         return USAGE
     for line in found.lines:
         print(line)
-    if args.write is not None and target is not None:
-        calibration.store(args.write, target, found.calibration)
-        print(f"wrote the noise of {len(docs)} results files into {args.write}: compare and --apc-baseline with it "
-              "use these limits")  # fmt: skip
+    if args.write is not None:
+        calibration.store(args.write, target or first, found.calibration)
+        into = f"into {args.write}" if target else f"into a new baseline {args.write} (a copy of {first.name})"
+        print(f"wrote the noise of {len(docs)} results files {into}: compare and --apc-baseline with it use these "
+              "limits")  # fmt: skip
     return GATE_FAILED if found.failed else OK
 
 

@@ -237,7 +237,10 @@ def test_calibrate_writes_the_noise_into_a_baseline_that_compare_then_uses(
     assert {k: v for k, v in _doc(baseline).items() if k != "calibration"} == _doc(SAME[0])  # nothing else changed
     status, lines, _ = _cli(capsys, "compare", str(baseline), str(SAME[1]))
     assert status == 0
-    assert f"noise: the calibration in {baseline} (3 results files)" in lines
+    assert (
+        f"noise: the calibration in {baseline} (3 results files; 3 degrees of freedom between runs, 8 or more within "
+        "a run)"
+    ) in lines
 
 
 def test_calibrate_needs_two_files_of_the_same_run(capsys: pytest.CaptureFixture[str]) -> None:
@@ -246,6 +249,95 @@ def test_calibrate_needs_two_files_of_the_same_run(capsys: pytest.CaptureFixture
     assert err.startswith(
         "python -m pytest_apc calibrate: calibrate needs at least two results files that measured the same run"
     )
+
+
+CPU = REPO / "docs" / "results" / "cpu" / "results.json"
+RECHECK = REPO / "docs" / "results" / "h200-recheck" / "results.json"
+
+
+def test_calibrate_refuses_files_the_gate_would_not_compare(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A CPU run and an H200 run once calibrated to a between-run spread of 165% and limits of +95,570%,
+    which --write stored and compare then used to pass a +27.9% regression."""
+    copy = tmp_path / "copy.json"
+    status, lines, err = _cli(capsys, "calibrate", str(CPU), str(SAME[0]), "--write", str(copy))
+    assert (status, lines) == (2, [])
+    assert err.splitlines() == [
+        f"python -m pytest_apc calibrate: {SAME[0]} is not comparable with {CPU} (the gate's rule): profile gpu here "
+        "vs cpu there; model llama-3.1-8b-shape-v1-e18e6ae6be32 vs tiny-llama-v2-25e64708e12f; length_scale 1.0 vs "
+        "0.0625; block_size 16 vs 128; gpu_count 1 vs 0; calibrate runs of one build, measured alike on one kind of "
+        "node"
+    ]
+    assert not copy.exists()
+    status, _, err = _cli(capsys, "calibrate", *map(str, SAME), "--slower", str(CPU))
+    assert status == 2
+    assert f"{CPU} is not comparable with {SAME[0]} (the gate's rule): profile cpu here vs gpu there" in err
+    cpu_baseline = _write(tmp_path, "cpu-baseline.json", _doc(CPU))
+    status, _, err = _cli(capsys, "calibrate", *map(str, SAME), "--write", str(cpu_baseline))
+    assert status == 2
+    assert f"{cpu_baseline} is not comparable with {SAME[0]}" in err
+    assert _doc(cpu_baseline) == _doc(CPU)  # not written
+
+
+def test_calibrate_refuses_files_it_cannot_measure_a_spread_from(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two files of one repeat each once printed "0 degrees of freedom", exited 0 and, with --write, stored
+    a calibration whose noise was null (which the gate then ignored for the profile's default)."""
+    status, lines, err = _cli(capsys, "calibrate", str(H200), str(RECHECK))
+    assert (status, lines) == (2, [])
+    assert err.splitlines() == [
+        "python -m pytest_apc calibrate: calibrate cannot measure the noise of these files: it measured no spread "
+        "between the cold repeats of A-c8 (0 degrees of freedom); it needs 2 or more cold repeats of each run in each "
+        "file, and a run in 2 or more files (measure them with --apc-repeats 3)"
+    ]
+
+
+def test_calibrate_writes_a_new_baseline_where_there_is_no_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--write to a path without a file once printed the whole table and then failed: "cannot read baseline"."""
+    new = tmp_path / "ci" / "baseline.json"
+    status, lines, _ = _cli(capsys, "calibrate", *map(str, SAME), "--write", str(new))
+    assert status == 0
+    assert lines[-1] == (
+        f"wrote the noise of 3 results files into a new baseline {new} (a copy of {SAME[0]}): compare and "
+        "--apc-baseline with it use these limits"
+    )
+    written = _doc(new)
+    assert {k: v for k, v in written.items() if k != "calibration"} == _doc(SAME[0])
+    assert list(written)[-2:] == ["calibration", "timing"]
+    status, lines, _ = _cli(capsys, "compare", str(new), str(SAME[1]))
+    assert status == 0
+    assert any(line.startswith(f"noise: the calibration in {new} (3 results files;") for line in lines)
+
+
+def test_the_gate_refuses_a_stored_calibration_without_noise(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """What calibrate --write stored from files of one repeat: null spreads, 0 degrees of freedom."""
+    doc = _doc(SAME[0])
+    doc["calibration"] = {"statistic": "mean_ttft_ms", "files": ["a.json", "b.json"], "between": None, "between_df": 0,
+                          "rows": {"D-c8": {"runs": 2, "repeats": 2, "mean": 765.0, "within": None, "within_df": 0,
+                                            "between_var": None, "between_df": 0}}}  # fmt: skip
+    baseline = _write(tmp_path, "null-noise.json", doc)
+    status, lines, _ = _cli(capsys, "compare", str(baseline), str(SAME[1]))
+    assert status == 1
+    assert lines[1:-1] == [
+        f"FAIL baseline: baseline {baseline} holds a calibration the gate cannot use: it measured no spread between "
+        "the cold repeats of D-c8 (0 degrees of freedom) (calibrate it again: python -m pytest_apc calibrate "
+        f"RESULTS... --write {baseline})"
+    ]
+    doc["calibration"]["rows"]["D-c8"].update(within=0.0, within_df=8)  # identical repeats: a limit of +0%
+    status, lines, _ = _cli(capsys, "compare", str(_write(tmp_path, "zero.json", doc)), str(SAME[1]))
+    assert status == 1
+    assert "its spread between the cold repeats of D-c8 is 0.0" in lines[1]
+
+
+def test_compare_counts_the_runs_it_refused_to_judge(capsys: pytest.CaptureFixture[str]) -> None:
+    """The summary once said "4 runs compared, 0 regressed", every row ok, above four FAIL lines."""
+    status, lines, _ = _cli(capsys, "compare", str(H200), str(RECHECK))
+    assert status == 1
+    assert lines[1] == f"baseline {H200}: 4 runs compared, 0 regressed, 4 refused (baseline -> now (limit))"
+    assert [line.split()[-1] for line in lines[4:8]] == ["refused"] * 4
+    assert len([line for line in lines if line.startswith("FAIL baseline: ")]) == 4
 
 
 def test_compare_across_schema_versions(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

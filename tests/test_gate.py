@@ -262,7 +262,10 @@ def test_a_calibration_in_the_baseline_sets_each_runs_limit(pytester, tmp_path) 
     result = _gate(old, _doc(pytester, rise), tmp_path)
     d8 = result.rows[1]["metrics"][0]
     assert (d8["within"], d8["between"]) == (0.01, 0.01)
-    assert d8["noise"] == f"the calibration in {tmp_path / 'baseline.json'} (3 results files)"
+    assert d8["noise"] == (
+        f"the calibration in {tmp_path / 'baseline.json'} (3 results files; 2 degrees of freedom between runs, "
+        "6 or more within a run)"
+    )
     assert d8["allowed"] == pytest.approx(math.exp(noise.z(ALPHA) * math.sqrt(2 * 0.01**2 + 0.01**2 * 2 * 0.448671)))
     assert d8["result"] == "REGRESSED"  # the calibrated node is quiet: 8% is a regression there
     c8 = result.rows[0]["metrics"][0]  # C was not calibrated: its within-run spread is the default's

@@ -333,6 +333,11 @@ def test_a_damaged_or_incomparable_baseline_is_a_usage_error_naming_it(apc_suite
     path = apc_suite.path / "damaged.json"
     path.write_text(json.dumps(damaged))
     h200 = CPU_RUN.parent.parent.parent / "h200" / "results.json"
+    null_noise = cpu_baseline(apc_suite.path, "null-noise.json")
+    calibrated = json.loads(null_noise.read_text())
+    calibrated["calibration"] = {"statistic": "mean_ttft_ms", "files": ["a"], "between": None, "between_df": 0,
+                                 "rows": {}}  # fmt: skip
+    null_noise.write_text(json.dumps(calibrated))
     old_model = cpu_baseline(apc_suite.path, "old-model.json")
     doc = json.loads(old_model.read_text())
     old_model.write_text(json.dumps({**doc, "model": "/m/tiny-llama-v1-0123456789ab"}))
@@ -343,6 +348,8 @@ def test_a_damaged_or_incomparable_baseline_is_a_usage_error_naming_it(apc_suite
                "llama-3.1-8b-shape-v1-e18e6ae6be32; model_shape - vs llama-3.1-8b; length_scale 0.0625 vs 1.0"),
         (old_model, f"not comparable with baseline {old_model}: model {tiny_model_name()} here vs "
                     f"tiny-llama-v1-0123456789ab there (generated tiny-llama model v{TINY_MODEL_VERSION} vs v1)"),
+        (null_noise, f"baseline {null_noise} holds a calibration the gate cannot use: it measured no run (calibrate "
+                     f"it again: python -m pytest_apc calibrate RESULTS... --write {null_noise})"),
         (cpu_baseline(apc_suite.path, "scaled.json", length_scale=0.125),
          f"not comparable with baseline {apc_suite.path / 'scaled.json'}: length_scale 0.0625 here vs 0.125 there"),
     ]:  # fmt: skip

@@ -56,6 +56,10 @@ class Baseline:
         found = [d for d in compare.differences(here, results.data) if model or d["what"] != "model"]
         if found:
             raise Refused(compare.not_comparable(settings.baseline, found))
+        calibration = compare.calibration_of(results)
+        unusable = calibration.unusable() if calibration is not None else None
+        if unusable:
+            raise Refused(compare.unusable_calibration(settings.baseline, unusable))
         return cls(settings.baseline, results, settings.baseline_repeats)
 
     def check_runs(self, keys: Iterable[RunKey]) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from pytest_apc.gate import noise
+from pytest_apc.gate import compare, noise
 from pytest_apc.results import document
 from pytest_apc.results.formatting import num, percent
 from pytest_apc.results.reader import Results
@@ -68,10 +68,19 @@ def _spread_cell(row: noise.Spread | None, between: float | None) -> str:
     return f"{row.within:.1%} / {'-' if between is None else f'{between:.1%}'}"
 
 
-def report(files: Sequence[Results], k: int, false_alarm: float, slower: Sequence[Results] = ()) -> Found:
+def report(
+    files: Sequence[Results],
+    k: int,
+    false_alarm: float,
+    slower: Sequence[Results] = (),
+    baseline: Results | None = None,
+) -> Found:
     """Calibrate on ``files`` (results files of one build) for gated runs of ``k`` repeats; check the rule
-    on them, and on ``slower`` (the same runs with a known slowdown) for what it detects."""
+    on them, and on ``slower`` (the same runs with a known slowdown) for what it detects. :class:`NotCalibratable`
+    before anything is computed when they (with ``baseline``, where the calibration is to be stored) were
+    not measured alike, or when the noise cannot be measured from them."""
     docs = [(doc.name, doc) for doc in files]
+    comparable(files, [*slower, *([baseline] if baseline is not None else [])])
     groups = noise.repeat_groups(docs)
     calibration = noise.Calibration.of(groups, [name for name, _ in docs], noise.STATISTIC)
     if not any(len(g) >= 2 for g in groups.values()):
@@ -79,6 +88,12 @@ def report(files: Sequence[Results], k: int, false_alarm: float, slower: Sequenc
             "calibrate needs at least two results files that measured the same run (each file one pytest run, "
             f"with per-repeat TTFT); got {len(docs)} file(s) with runs "
             f"{', '.join(f'{r} x{len(g)}' for r, g in sorted(groups.items())) or 'none'}"
+        )
+    unusable = calibration.unusable()
+    if unusable:  # what --write would store, and the gate refuse
+        raise NotCalibratable(
+            f"calibrate cannot measure the noise of these files: {unusable}; it needs 2 or more cold repeats of "
+            "each run in each file, and a run in 2 or more files (measure them with --apc-repeats 3)"
         )
     profile = str(files[0].data.get("profile"))
     default = noise.PROFILE_NOISE.get(profile, noise.PROFILE_NOISE["gpu"])
@@ -132,6 +147,20 @@ def report(files: Sequence[Results], k: int, false_alarm: float, slower: Sequenc
     # The rule checked on its own data: the gate's false alarms are the sum over the runs it judges.
     failed = sum(c.rate for c in false_alarms if c.noise == measured_source) > false_alarm
     return Found(calibration, lines, failed)
+
+
+def comparable(files: Sequence[Results], others: Sequence[Results]) -> None:
+    """:class:`NotCalibratable` unless every file, and each of ``others`` (``--slower``, the ``--write``
+    baseline), was measured under the conditions of the first, by the gate's own rule
+    (:func:`compare.differences`): the noise of a CPU run against a GPU run is no noise of either."""
+    first = files[0]
+    for doc in [*files[1:], *others]:
+        found = compare.differences(doc.data, first.data)
+        if found:
+            raise NotCalibratable(
+                f"{doc.name} is not comparable with {first.name} (the gate's rule): {compare.difference_text(found)}; "
+                "calibrate runs of one build, measured alike on one kind of node"
+            )
 
 
 def store(path: Path, doc: Results, calibration: noise.Calibration) -> None:

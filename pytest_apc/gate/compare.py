@@ -47,6 +47,8 @@ SETTINGS_BEFORE_THEY_EXISTED: dict[str, Any] = {"model_shape": ""}
 _GENERATED_VERSION = re.compile(r"^(?P<kind>.+)-v(?P<version>\d+)-[0-9a-f]+$")
 # Versions of the software under test: what a release gate compares, so a difference is named, not refused.
 VERSIONS = ("vllm", "torch")
+# A compared run's result: ok, a regressed metric, or its TTFT refused (too few repeats; cached tokens compared).
+REGRESSED, REFUSED = "REGRESSED", "refused"
 
 
 @dataclass
@@ -67,7 +69,12 @@ class Gate:
 
     @property
     def regressed(self) -> int:
-        return sum(1 for row in self.rows if row["result"] != "ok")
+        return sum(1 for row in self.rows if row["result"] == REGRESSED)
+
+    @property
+    def refused(self) -> int:
+        """Compared runs whose TTFT the gate refused to judge (too few repeats on a side): each a failure."""
+        return sum(1 for row in self.rows if row["result"] == REFUSED)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +82,7 @@ class Gate:
             "failures": self.failures,
             "compared": self.compared,
             "regressed": self.regressed,
+            "refused": self.refused,
             "not_comparable": self.not_comparable,
             "changes": self.changes,
             "rule": self.rule,
@@ -172,7 +180,7 @@ def version_changes(here: Mapping[str, Any], there: Mapping[str, Any]) -> list[d
     ]
 
 
-def _difference_text(differences_: list[dict[str, Any]]) -> str:
+def difference_text(differences_: list[dict[str, Any]]) -> str:
     """``num_prompts 30 here vs 10 there; block_size 16 vs 128``: the first names the sides, the rest follow."""
     parts = []
     for i, d in enumerate(differences_):
@@ -186,7 +194,15 @@ def _difference_text(differences_: list[dict[str, Any]]) -> str:
 
 def not_comparable(baseline: str, found: list[dict[str, Any]]) -> str:
     """The refusal of a baseline measured under other conditions (:func:`differences`)."""
-    return f"not comparable with baseline {baseline}: {_difference_text(found)}"
+    return f"not comparable with baseline {baseline}: {difference_text(found)}"
+
+
+def unusable_calibration(baseline: str, why: str) -> str:
+    """The refusal of a baseline whose stored calibration cannot give a limit (:meth:`noise.Calibration.unusable`)."""
+    return (
+        f"baseline {baseline} holds a calibration the gate cannot use: {why} (calibrate it again: "
+        f"python -m pytest_apc calibrate RESULTS... --write {baseline})"
+    )
 
 
 def too_few_repeats(baseline: str, run_ids: str, repeats: int | None, min_repeats: int) -> str:
@@ -234,8 +250,16 @@ def noise_for(run_id: str, baseline_doc: Results, baseline: str) -> noise.Noise:
     calibration = calibration_of(baseline_doc)
     if calibration is None:
         return default
-    source = f"the calibration in {baseline} ({len(calibration.files)} results files)"
+    within_df = min((row.within_df for row in calibration.rows.values()), default=0)
+    source = (
+        f"the calibration in {baseline} ({len(calibration.files)} results files; {_freedom(calibration.between_df)} "
+        f"between runs, {within_df} or more within a run)"
+    )
     return calibration.noise(run_id, default, source)
+
+
+def _freedom(df: int) -> str:
+    return f"{df} degree{'s' * (df != 1)} of freedom"
 
 
 def _ttft_metric(before: list[float], now: list[float], spread: noise.Noise, alpha: float) -> dict[str, Any]:
@@ -355,7 +379,7 @@ def compare_runs(
                     f"{run_id}: cached tokens {num(min(old_hits))} -> {num(min(new_hits))} (fewest of any repeat) "
                     f"fell by {num(min(old_hits) - min(new_hits))} against {baseline}"
                 )
-        result = "REGRESSED" if any(m["result"] == "REGRESSED" for m in metrics) else "ok"
+        result = REGRESSED if any(m["result"] == REGRESSED for m in metrics) else "ok" if run_id in judged else REFUSED
         repeats = [len(before or []), len(now or [])]
         rows.append({"run": run_id, "repeats": repeats, "metrics": metrics, "result": result})
     return rows, failures, warnings, rule
@@ -380,6 +404,11 @@ def compare_documents(old: Document, new: Document, baseline: str, false_alarm: 
     gate.not_comparable = differences(new.data, old.data)
     if gate.not_comparable:
         gate.failures.append(not_comparable(baseline, gate.not_comparable))
+        return gate
+    calibration = calibration_of(old)
+    unusable = calibration.unusable() if calibration is not None else None
+    if unusable:
+        gate.failures.append(unusable_calibration(baseline, unusable))
         return gate
     gate.changes = version_changes(new.data, old.data)
     gate.rows, gate.failures, gate.warnings, gate.rule = compare_runs(

@@ -28,7 +28,7 @@ import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from statistics import NormalDist
 from typing import Any
 
@@ -164,6 +164,9 @@ def spread(groups: Sequence[Sequence[float]]) -> Spread:
     return Spread(n_runs, n_total, mean, within, within_df, between_var, n_runs - 1 if between_var is not None else 0)
 
 
+_SPREAD_FIELDS = tuple(f.name for f in fields(Spread))
+
+
 @dataclass
 class Calibration:
     """What ``calibrate`` measured: each run id's within-run spread, and the between-run spread pooled over
@@ -194,6 +197,25 @@ class Calibration:
             source=where,
         )
 
+    def unusable(self) -> str | None:
+        """Why no limit can come from this calibration: a spread it did not measure (files with one cold
+        repeat of a run, or no run in two files) or one that is not a positive finite number; None for one
+        the gate can use."""
+        if self.statistic != STATISTIC:
+            return f"it measured {self.statistic}, and the gate judges {STATISTIC}"
+        if not self.rows:
+            return "it measured no run"
+        for run_id, row in sorted(self.rows.items()):
+            if row.within is None or not row.within_df:
+                return f"it measured no spread between the cold repeats of {run_id} (0 degrees of freedom)"
+            if not math.isfinite(row.within) or row.within <= 0:
+                return f"its spread between the cold repeats of {run_id} is {row.within}"
+        if self.between is None or not self.between_df:
+            return "it measured no spread between runs (0 degrees of freedom: no run is in two of its files)"
+        if not math.isfinite(self.between) or self.between < 0:
+            return f"its spread between runs is {self.between}"
+        return None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "statistic": self.statistic,
@@ -215,7 +237,10 @@ class Calibration:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Calibration:
         return cls(
-            rows={run_id: Spread(**row) for run_id, row in (data.get("rows") or {}).items()},
+            rows={
+                run_id: Spread(**{name: row.get(name) for name in _SPREAD_FIELDS})
+                for run_id, row in (data.get("rows") or {}).items()
+            },
             between=data.get("between"),
             between_df=int(data.get("between_df") or 0),
             files=list(data.get("files") or []),
