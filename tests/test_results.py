@@ -112,3 +112,6 @@ def test_a_problem_names_the_field_and_what_it_is(tmp_path: Path) -> None:
     path.write_text('{"schema_version": 5, "runs": [{"wall_s": NaN}]}')
     with pytest.raises(reader.BadResults, match=r"^cannot read results file .*r\.json: NaN is not a JSON number$"):
         reader.read(path)
+    path.write_text("[" * 100_000)  # deeper than Python's parser goes
+    with pytest.raises(reader.BadResults, match=r"^cannot read results file .*r\.json: maximum recursion depth"):
+        reader.read(path)

@@ -3,16 +3,18 @@ against another (``python -m pytest_apc compare``), by the same rules (:func:`co
 
 Each run both files have (``C-c8``, ``D-c8``, ...) is judged on two things:
 
-* **mean TTFT over its cold repeats** (:mod:`pytest_apc.gate.noise`): a regression when it rose beyond the
-  limit that the run-to-run noise allows, so that a build that did not change fails the whole gate with
-  probability at most ``--apc-baseline-false-alarm`` (split over the runs judged);
+* **mean TTFT (median of the cold repeats)** (:mod:`pytest_apc.gate.noise`): a regression when it rose
+  beyond the limit that the run-to-run noise allows, so that a build that did not change fails the whole
+  gate with probability at most ``--apc-baseline-false-alarm`` (split over the runs judged);
 * **cached tokens** (APC-on runs): exact; fewer than the baseline's is a regression.
 
-The gate also fails when the baseline cannot be read, was measured under conditions that make its numbers
-incomparable (profile, model, workload, block size, GPU model or count, parallel layout, dtype), has fewer
-repeats than the rule needs, or shares no run with this one. Another vLLM or torch version is compared, and
-named. Every compared run is kept, passing or not, so the terminal and ``results.json`` show what the gate
-looked at.
+The gate also fails (refuses) when the baseline was measured under conditions that make its numbers
+incomparable (profile, model, workload, block size, GPU model or count, parallel layout, dtype), holds a
+calibration without a usable spread, has fewer repeats of a run than the rule needs (the run's row says
+``refused``), or shares no run with this one; :mod:`pytest_apc.gate.baseline` applies these refusals before
+a gated run measures. Another vLLM or torch version is compared, and named. Every compared run is kept,
+passing or not, so the terminal and ``results.json`` show what the gate looked at. Documents come as
+:class:`~pytest_apc.results.reader.Results` (read and checked) or as this session's own document.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def read(path: Path, role: str = "results file") -> Results:
     "baseline"), the path and the first problem otherwise."""
     try:
         doc = json.loads(path.read_text(), parse_constant=_not_json)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: JSON nested beyond what Python parses
         raise BadResults(_one_line(f"cannot read {role} {path}: {err}")) from err
     if not isinstance(doc, dict):
         raise BadResults(f"{role} {path} is not a pytest-apc results file (not a JSON object)")
