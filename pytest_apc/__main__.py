@@ -13,28 +13,30 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pytest_apc.config import SPEC_BY_NAME, default_for
 from pytest_apc.gate import calibration
-from pytest_apc.gate.compare import UnreadableResults, compare_documents, read_results
+from pytest_apc.gate.compare import compare_documents
 from pytest_apc.report.markdown import markdown
 from pytest_apc.report.terminal import gate_lines, summary_lines
-from pytest_apc.results.document import SCHEMA_VERSIONS
+from pytest_apc.results.reader import BadResults, Results, read
 from pytest_apc.results.view import ReportView
 
 PROG = "python -m pytest_apc"
 
 # Exit statuses: what a pipeline branches on.
-OK, GATE_FAILED, USAGE = 0, 1, 2
+OK, GATE_FAILED, USAGE, BAD_INPUT = 0, 1, 2, 3
 
 EXIT_STATUSES = """exit status:
   0  done (compare: the gate passed; calibrate: the same-build check passed)
   1  compare: the gate failed (not comparable, too few repeats, no overlapping run, or a regression);
      calibrate: the rule failed same-build pairs more often than its false-alarm probability
-  2  usage error, or a file that cannot be read or is not a pytest-apc results file"""
+  2  usage error (calibrate: also files that cannot make a calibration)
+  3  a file that cannot be read or is not a valid pytest-apc results file: one line names the file, the
+     field and what is wrong with it; nothing else is printed"""
 
 
 def _setting_option(name: str) -> Any:
@@ -97,7 +99,7 @@ def parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("baseline", metavar="BASELINE", type=Path, help="the results.json to compare with")
     compare.add_argument("results", metavar="RESULTS", type=Path, help="the results.json to judge")
-    _gate_options(compare, "default: the value RESULTS ran with, else the default")
+    _gate_options(compare, "RESULTS")
     calibrate = command(
         "calibrate",
         "measure the run-to-run noise of several results files of one build",
@@ -106,11 +108,15 @@ def parser() -> argparse.ArgumentParser:
         "gate's false alarms at --false-alarm for K repeats, the smallest slowdown that limit catches with 95% "
         "probability, and the same for the median TTFT and the duration (to see why the gate judges the mean). "
         "Then it applies the rule to every pair of K-sets of repeats from two different files: how often the "
-        "unchanged build failed. --write BASELINE stores the noise in that results file, so that compare and "
-        "--apc-baseline use this node's limits instead of the profile's default.",
+        "unchanged build failed. K is --repeats, the repeats of a gated run, not how many the files have. "
+        "--write BASELINE stores the noise in that results file (or, where there is none, in a copy of the first "
+        "file), so that compare and --apc-baseline use this node's limits instead of the profile's default. "
+        "Refused (exit status 2, before anything is printed): files the gate would not compare with each other "
+        "(the first file is the reference for the others, --slower and --write), and files it cannot measure "
+        "both spreads from (a run needs 2 or more cold repeats in each file, and to be in 2 or more files).",
     )
     calibrate.add_argument("results", metavar="RESULTS", type=Path, nargs="+", help="results.json files of one build")
-    _gate_options(calibrate, "default: the value the first file ran with, else the default")
+    _gate_options(calibrate, "the first file")
     calibrate.add_argument(
         "--slower",
         metavar="RESULTS",
@@ -123,49 +129,37 @@ def parser() -> argparse.ArgumentParser:
         "--write",
         metavar="BASELINE",
         type=Path,
-        help="store the measured noise in this results file (rewritten in place) for use as the baseline",
+        help="store the measured noise in this results file (rewritten in place), or in a new one, a copy of the "
+        "first RESULTS, for use as the baseline",
     )
     return top
 
 
-def _gate_options(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument(
-        "--false-alarm",
-        metavar="FRACTION",
-        type=_setting_option("baseline_false_alarm"),
-        help=f"{SPEC_BY_NAME['baseline_false_alarm'].help} (--apc-baseline-false-alarm); {default}",
-    )
-    parser.add_argument(
-        "--repeats",
-        metavar="K",
-        type=_setting_option("baseline_repeats"),
-        help=f"{SPEC_BY_NAME['baseline_repeats'].help} (--apc-baseline-repeats); {default}",
-    )
+def _gate_options(parser: argparse.ArgumentParser, whose: str) -> None:
+    """--false-alarm and --repeats, whose defaults are the settings ``whose`` (a file) ran with."""
+    for option, metavar, name in (("--false-alarm", "FRACTION", "baseline_false_alarm"),
+                                  ("--repeats", "K", "baseline_repeats")):  # fmt: skip
+        flag = SPEC_BY_NAME[name].option
+        parser.add_argument(
+            option,
+            metavar=metavar,
+            type=_setting_option(name),
+            help=f"{SPEC_BY_NAME[name].help} ({flag}); default: the {flag} {whose} ran with (its settings.{name}; "
+            f"in files written before the setting existed, the profile's default)",
+        )
 
 
-def _gate_setting(args: argparse.Namespace, option: str, name: str, doc: Mapping[str, Any]) -> Any:
+def _gate_setting(args: argparse.Namespace, option: str, name: str, doc: Results) -> Any:
     """A gate setting: the command line's, else the value ``doc`` ran with, else its profile's default."""
     given = getattr(args, option)
     if given is not None:
         return given
-    stored = (doc.get("settings") or {}).get(name)
-    return stored if stored is not None else default_for(name, doc.get("profile"))
-
-
-def _read(path: Path, role: str) -> dict[str, Any]:
-    """A results file of a schema version this package knows; :class:`UnreadableResults` otherwise."""
-    doc = read_results(path, role)
-    version = doc.get("schema_version")
-    if version is None:
-        raise UnreadableResults(f"{role} {path} is not a pytest-apc results file (no schema_version)")
-    if version not in SCHEMA_VERSIONS:
-        known = ", ".join(map(str, SCHEMA_VERSIONS))
-        raise UnreadableResults(f"{role} {path} has schema_version {version!r}; this pytest-apc reads {known}")
-    return doc
+    stored = (doc.data.get("settings") or {}).get(name)
+    return stored if stored is not None else default_for(name, doc.data.get("profile"))
 
 
 def _report(args: argparse.Namespace) -> int:
-    doc = _read(args.results, "results file")
+    doc = read(args.results).data
     view = ReportView.from_document(doc, str(args.results))
     if args.markdown:
         sys.stdout.write(markdown(view))
@@ -177,8 +171,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    old = _read(args.baseline, "baseline")
-    new = _read(args.results, "results file")
+    old = read(args.baseline, "baseline")
+    new = read(args.results)
     false_alarm = _gate_setting(args, "false_alarm", "baseline_false_alarm", new)
     repeats = _gate_setting(args, "repeats", "baseline_repeats", new)
     print(f"{args.results} against baseline {args.baseline}")
@@ -192,23 +186,25 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    docs = [(str(path), _read(path, "results file")) for path in args.results]
-    first = docs[0][1]
+    docs = [read(path) for path in args.results]
+    slower = [read(path) for path in args.slower]
+    # --write to a results file stores the noise in it; to a new file, it writes the first file with it.
+    target = read(args.write, "baseline") if args.write is not None and args.write.exists() else None
+    first = docs[0]
     false_alarm = _gate_setting(args, "false_alarm", "baseline_false_alarm", first)
     repeats = _gate_setting(args, "repeats", "baseline_repeats", first)
-    try:
-        slower = [(str(path), _read(path, "results file")) for path in args.slower]
-        found = calibration.report(docs, repeats, false_alarm, slower)
+    try:  # every file read and every refusal made before anything is printed
+        found = calibration.report(docs, repeats, false_alarm, slower, target)
     except calibration.NotCalibratable as err:
         print(f"{PROG} calibrate: {err}", file=sys.stderr)
         return USAGE
     for line in found.lines:
         print(line)
     if args.write is not None:
-        target = _read(args.write, "baseline")
-        calibration.store(args.write, target, found.calibration)
-        print(f"wrote the noise of {len(docs)} results files into {args.write}: compare and --apc-baseline with it "
-              "use these limits")  # fmt: skip
+        calibration.store(args.write, target or first, found.calibration)
+        into = f"into {args.write}" if target else f"into a new baseline {args.write} (a copy of {first.name})"
+        print(f"wrote the noise of {len(docs)} results files {into}: compare and --apc-baseline with it use these "
+              "limits")  # fmt: skip
     return GATE_FAILED if found.failed else OK
 
 
@@ -220,9 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except UnreadableResults as err:
+    except BadResults as err:
         print(f"{PROG} {args.command}: {err}", file=sys.stderr)
-        return USAGE
+        return BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import pytest
 
 from pytest_apc import config as apc_config
 from pytest_apc import redaction, report
+from pytest_apc.gate.baseline import Baseline, Refused
 from pytest_apc.measure.records import MeasurementError, RunRecord
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.results import document as results
@@ -44,6 +45,7 @@ DESELECTED_KEY = pytest.StashKey[list[pytest.Item]]()
 REPORTER = "apc-reporter"  # the controller's ControllerReporter, as registered
 # A file in the run's process registry: an xdist worker's selected tests may start a server on this node.
 NODE_LOCK_WANTED = "node-lock-wanted"
+BASELINE_KEY = pytest.StashKey[Baseline]()
 
 
 class ApcUnusedOptionWarning(pytest.PytestWarning):
@@ -96,6 +98,11 @@ def pytest_configure(config: pytest.Config) -> None:
     except apc_config.SettingError as err:
         raise pytest.UsageError(str(err)) from None
     config.stash[SETTINGS_KEY] = settings
+    if settings.enabled and settings.baseline:
+        try:  # before anything runs: a baseline the gate cannot use is known now, not after the matrix
+            config.stash[BASELINE_KEY] = Baseline.at_configure(settings)
+        except Refused as err:
+            raise pytest.UsageError(str(err)) from None
     if not _is_worker(config):
         missing = preflight.missing_benchmark(settings)
         if missing:
@@ -117,7 +124,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.enabled:
         config.stash[SESSION_KEY] = apc = _new_session(config, settings)
         if not _is_worker(config):
-            config.pluginmanager.register(report.ControllerReporter(config, apc), REPORTER)
+            reporter = report.ControllerReporter(config, apc, config.stash.get(BASELINE_KEY, None))
+            config.pluginmanager.register(reporter, REPORTER)
 
 
 def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSession:
@@ -134,13 +142,16 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
         while run_dir.exists():
             suffix += 1
             run_dir = root / f"{stamp}-{suffix}"
-    json_path = Path(settings.json) if settings.json else run_dir / "results.json"
+    json_path = Path(settings.json) if settings.json else run_dir / results.FILE_NAME
     tr = config.pluginmanager.get_plugin("terminalreporter")
     progress = report.progress_writer(config, tr)
     session = ApcSession(
         settings=settings, run_dir=run_dir, json_path=json_path, progress=progress, is_worker=winput is not None
     )
     session.publish = lambda: results.publish(session)
+    baseline = config.stash.get(BASELINE_KEY, None)
+    if baseline is not None:
+        session.refuse = lambda: baseline.refusal(session)
     return session
 
 
@@ -236,6 +247,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             undeclared += not runs
     if session is not None and settings is not None:
         _warn_unused_settings(config, settings, session, items)
+        if BASELINE_KEY in config.stash:
+            try:  # the selected runs are known: enough repeats of each the baseline has, before any server starts
+                config.stash[BASELINE_KEY].check_runs(session.plan.keys)
+            except Refused as err:
+                if not _is_worker(config):
+                    raise pytest.UsageError(str(err)) from None
+                session.refuse_runs(str(err))  # an xdist worker cannot stop the session: its runs fail with it
         _hold_the_node(config, preflight.node_lock_needed(settings, session.plan.keys, undeclared))
 
 

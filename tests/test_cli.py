@@ -237,7 +237,10 @@ def test_calibrate_writes_the_noise_into_a_baseline_that_compare_then_uses(
     assert {k: v for k, v in _doc(baseline).items() if k != "calibration"} == _doc(SAME[0])  # nothing else changed
     status, lines, _ = _cli(capsys, "compare", str(baseline), str(SAME[1]))
     assert status == 0
-    assert f"noise: the calibration in {baseline} (3 results files)" in lines
+    assert (
+        f"noise: the calibration in {baseline} (3 results files; 3 degrees of freedom between runs, 8 or more within "
+        "a run)"
+    ) in lines
 
 
 def test_calibrate_needs_two_files_of_the_same_run(capsys: pytest.CaptureFixture[str]) -> None:
@@ -246,6 +249,95 @@ def test_calibrate_needs_two_files_of_the_same_run(capsys: pytest.CaptureFixture
     assert err.startswith(
         "python -m pytest_apc calibrate: calibrate needs at least two results files that measured the same run"
     )
+
+
+CPU = REPO / "docs" / "results" / "cpu" / "results.json"
+RECHECK = REPO / "docs" / "results" / "h200-recheck" / "results.json"
+
+
+def test_calibrate_refuses_files_the_gate_would_not_compare(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A CPU run and an H200 run once calibrated to a between-run spread of 165% and limits of +95,570%,
+    which --write stored and compare then used to pass a +27.9% regression."""
+    copy = tmp_path / "copy.json"
+    status, lines, err = _cli(capsys, "calibrate", str(CPU), str(SAME[0]), "--write", str(copy))
+    assert (status, lines) == (2, [])
+    assert err.splitlines() == [
+        f"python -m pytest_apc calibrate: {SAME[0]} is not comparable with {CPU} (the gate's rule): profile gpu here "
+        "vs cpu there; model llama-3.1-8b-shape-v1-e18e6ae6be32 vs tiny-llama-v2-25e64708e12f; length_scale 1.0 vs "
+        "0.0625; block_size 16 vs 128; gpu_count 1 vs 0; calibrate runs of one build, measured alike on one kind of "
+        "node"
+    ]
+    assert not copy.exists()
+    status, _, err = _cli(capsys, "calibrate", *map(str, SAME), "--slower", str(CPU))
+    assert status == 2
+    assert f"{CPU} is not comparable with {SAME[0]} (the gate's rule): profile cpu here vs gpu there" in err
+    cpu_baseline = _write(tmp_path, "cpu-baseline.json", _doc(CPU))
+    status, _, err = _cli(capsys, "calibrate", *map(str, SAME), "--write", str(cpu_baseline))
+    assert status == 2
+    assert f"{cpu_baseline} is not comparable with {SAME[0]}" in err
+    assert _doc(cpu_baseline) == _doc(CPU)  # not written
+
+
+def test_calibrate_refuses_files_it_cannot_measure_a_spread_from(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two files of one repeat each once printed "0 degrees of freedom", exited 0 and, with --write, stored
+    a calibration whose noise was null (which the gate then ignored for the profile's default)."""
+    status, lines, err = _cli(capsys, "calibrate", str(H200), str(RECHECK))
+    assert (status, lines) == (2, [])
+    assert err.splitlines() == [
+        "python -m pytest_apc calibrate: calibrate cannot measure the noise of these files: it measured no spread "
+        "between the cold repeats of A-c8 (0 degrees of freedom); it needs 2 or more cold repeats of each run in each "
+        "file, and a run in 2 or more files (measure them with --apc-repeats 3)"
+    ]
+
+
+def test_calibrate_writes_a_new_baseline_where_there_is_no_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--write to a path without a file once printed the whole table and then failed: "cannot read baseline"."""
+    new = tmp_path / "ci" / "baseline.json"
+    status, lines, _ = _cli(capsys, "calibrate", *map(str, SAME), "--write", str(new))
+    assert status == 0
+    assert lines[-1] == (
+        f"wrote the noise of 3 results files into a new baseline {new} (a copy of {SAME[0]}): compare and "
+        "--apc-baseline with it use these limits"
+    )
+    written = _doc(new)
+    assert {k: v for k, v in written.items() if k != "calibration"} == _doc(SAME[0])
+    assert list(written)[-2:] == ["calibration", "timing"]
+    status, lines, _ = _cli(capsys, "compare", str(new), str(SAME[1]))
+    assert status == 0
+    assert any(line.startswith(f"noise: the calibration in {new} (3 results files;") for line in lines)
+
+
+def test_the_gate_refuses_a_stored_calibration_without_noise(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """What calibrate --write stored from files of one repeat: null spreads, 0 degrees of freedom."""
+    doc = _doc(SAME[0])
+    doc["calibration"] = {"statistic": "mean_ttft_ms", "files": ["a.json", "b.json"], "between": None, "between_df": 0,
+                          "rows": {"D-c8": {"runs": 2, "repeats": 2, "mean": 765.0, "within": None, "within_df": 0,
+                                            "between_var": None, "between_df": 0}}}  # fmt: skip
+    baseline = _write(tmp_path, "null-noise.json", doc)
+    status, lines, _ = _cli(capsys, "compare", str(baseline), str(SAME[1]))
+    assert status == 1
+    assert lines[1:-1] == [
+        f"FAIL baseline: baseline {baseline} holds a calibration the gate cannot use: it measured no spread between "
+        "the cold repeats of D-c8 (0 degrees of freedom) (calibrate it again: python -m pytest_apc calibrate "
+        f"RESULTS... --write {baseline})"
+    ]
+    doc["calibration"]["rows"]["D-c8"].update(within=0.0, within_df=8)  # identical repeats: a limit of +0%
+    status, lines, _ = _cli(capsys, "compare", str(_write(tmp_path, "zero.json", doc)), str(SAME[1]))
+    assert status == 1
+    assert "its spread between the cold repeats of D-c8 is 0.0" in lines[1]
+
+
+def test_compare_counts_the_runs_it_refused_to_judge(capsys: pytest.CaptureFixture[str]) -> None:
+    """The summary once said "4 runs compared, 0 regressed", every row ok, above four FAIL lines."""
+    status, lines, _ = _cli(capsys, "compare", str(H200), str(RECHECK))
+    assert status == 1
+    assert lines[1] == f"baseline {H200}: 4 runs compared, 0 regressed, 4 refused (baseline -> now (limit))"
+    assert [line.split()[-1] for line in lines[4:8]] == ["refused"] * 4
+    assert len([line for line in lines if line.startswith("FAIL baseline: ")]) == 4
 
 
 def test_compare_across_schema_versions(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -261,10 +353,10 @@ def test_compare_across_schema_versions(capsys: pytest.CaptureFixture[str], tmp_
         "baseline with --apc-repeats 3)" in lines  # fmt: skip
 
 
-def test_a_missing_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_a_missing_file_is_one_line_and_exit_3(tmp_path: Path) -> None:
     missing = tmp_path / "nope.json"
     result = _run("compare", str(H200), str(missing))
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         f"python -m pytest_apc compare: cannot read results file {missing}: "
@@ -281,13 +373,13 @@ def test_a_missing_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
         ("{", "cannot read results file"),
     ],
 )
-def test_a_file_that_is_not_a_results_file_exits_2(
+def test_a_file_that_is_not_a_results_file_exits_3(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, message: str
 ) -> None:
     path = tmp_path / "r.json"
     path.write_text(content)
     status, lines, err = _cli(capsys, "report", str(path))
-    assert (status, lines) == (2, [])
+    assert (status, lines) == (3, [])
     assert len(err.splitlines()) == 1
     assert message in err
 
@@ -298,6 +390,40 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
             main(args)
         assert exit_.value.code == 2
     assert "argument --false-alarm: must be in (0, 1]" in capsys.readouterr().err
+
+
+DAMAGED = [
+    (lambda d: d["runs"][0].pop("id"), "runs[0].id is missing"),
+    (lambda d: d["runs"].__setitem__(0, "C-c8"), 'runs[0] is a string ("C-c8"), not an object'),
+    (lambda d: d["runs"][0].__setitem__("repeat_counters", "5"),
+     'runs[0].repeat_counters is a string ("5"), not an array'),
+    (lambda d: d["runs"][0]["repeat_counters"][0].__setitem__("mean_ttft_ms", "765"),
+     'runs[0].repeat_counters[0].mean_ttft_ms is a string ("765"), not a number or null'),
+    (lambda d: d.__setitem__("gate", "passed"), 'gate is a string ("passed"), not an object'),
+    (lambda d: d["runs"][1].__setitem__("id", "C-c8"), "runs[1].case is \"D\", but its id 'C-c8' says \"C\""),
+    (lambda d: d["runs"][0]["repeat_counters"].pop(),
+     "runs[0].repeat_counters has 4 entries for 5 repeats (one per repeat)"),
+    (lambda d: d["runs"][0]["repeat_counters"][0].pop("median_ttft_ms"),
+     "runs[0].repeat_counters[0].median_ttft_ms is missing (its schema_version has it)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("damage", "message"), DAMAGED)
+@pytest.mark.parametrize("command", ["report", "compare", "calibrate"])
+def test_a_damaged_results_file_is_one_line_naming_the_field_and_exit_3(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, damage: Any, message: str, command: str
+) -> None:
+    """Each of these once gave a traceback and exit status 1, the status of a failed gate."""
+    doc = _doc(SAME[0])
+    damage(doc)
+    path = _write(tmp_path, "damaged.json", doc)
+    args = {"report": [str(path)], "compare": [str(path), str(SAME[1])], "calibrate": [str(SAME[1]), str(path)]}
+    status, lines, err = _cli(capsys, command, *args[command])
+    role = "baseline" if command == "compare" else "results file"
+    assert (status, lines) == (3, [])
+    assert err.splitlines() == [
+        f"python -m pytest_apc {command}: {role} {path} is not a valid results file of schema_version 4: {message}"
+    ]
 
 
 def test_help_documents_the_commands_and_exit_statuses() -> None:

@@ -956,6 +956,43 @@ def test_h200_offload_page_quotes_its_run() -> None:
     assert f"{runs['O-c8']['prefix_cache_queries']:,} queries" in flat
 
 
+def test_h200_offload_page_shows_what_report_prints_of_its_file(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The run predates the offload table: the page shows what `report` prints of its file, not only the
+    table today's code renders from its records."""
+    from pytest_apc.__main__ import main
+
+    monkeypatch.chdir(REPO)
+    assert main(["report", "docs/results/h200-offload/results.json"]) == 0
+    page = (H200_OFFLOAD / "README.md").read_text()
+    assert _block_after(page, "<!-- report -->") == capsys.readouterr().out.splitlines()
+    assert "`python -m pytest_apc report docs/results/h200-offload/results.json` prints" in _flat(page)
+
+
+COMMITTED_RESULTS = sorted(p.relative_to(REPO) for p in (DOCS / "results").glob("**/results.json"))
+
+
+@pytest.mark.parametrize("path", COMMITTED_RESULTS, ids=str)
+def test_every_committed_results_file_is_valid_and_renders_with_report(
+    path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Each committed results file passes the shipped schema (so the reader takes it) and `report` prints it
+    in every form; the pages above check what they quote of it."""
+    import json
+
+    import jsonschema
+
+    from pytest_apc.__main__ import main
+    from pytest_apc.results import SCHEMA_PATH
+
+    monkeypatch.chdir(REPO)
+    jsonschema.validate(json.loads(path.read_text()), json.loads(SCHEMA_PATH.read_text()))
+    for args in ([], ["--markdown"], ["-v"]):
+        assert main(["report", *args, str(path)]) == 0
+        out, err = capsys.readouterr()
+        assert out
+        assert not err
+
+
 def test_h200_c8_page_is_what_its_results_file_renders() -> None:
     import json
 

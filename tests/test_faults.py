@@ -711,6 +711,27 @@ def test_the_gate_under_xdist_compares_what_the_workers_measured(suite, run_inne
     assert [row["repeats"] for row in data["gate"]["rows"]] == [[3, 3], [3, 3]]
 
 
+def test_a_baseline_of_another_block_size_stops_the_run_once_the_server_says_so(suite, run_inner) -> None:
+    """The block size is known once the APC-on server is up: from then on nothing is measured (the rest of
+    the matrix would be judged against a baseline it cannot be compared with), and the gate says why."""
+    first = run_inner(*fake_args(), "--apc-repeats=3")
+    assert first.ret == 0, first.output[-3000:]
+    (measured,) = suite.glob("apc-results/*/results.json")
+    doc = json.loads(measured.read_text())
+    for server in doc["servers"]:
+        server["block_size"] = 32
+    baseline = suite / "baseline-32.json"
+    baseline.write_text(json.dumps(doc))
+    gated = run_inner(*fake_args(), f"--apc-baseline={baseline}", "--apc-results-dir=gated")
+    assert gated.ret == 1
+    refusal = f"not comparable with baseline {baseline}: block_size 16 here vs 32 there"
+    data = json.loads(next(suite.glob("gated/*/results.json")).read_text())
+    assert data["errors"] == {"D-c8": f"run D-c8 was not measured: {refusal}"}
+    assert [run["id"] for run in data["runs"]] == ["C-c8"]  # measured on the OFF server, before the ON one was up
+    assert data["gate"]["failures"] == [refusal]
+    assert f"FAIL baseline: {refusal}" in gated.output
+
+
 def test_short_lived_forks_of_an_engine_are_not_its_death(suite, run_inner) -> None:
     """A compiler subprocess is a fork of the engine or worker that carries its title until it execs; when it
     exits, the engine lives on, and the server must still start and pass."""

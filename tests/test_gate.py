@@ -1,6 +1,7 @@
 """The baseline gate: what it refuses, when it fails, the limit it applies and the rows it shows.
 
-Results documents are built by hand (the gate reads nothing else); the gate over real vLLM runs is checked
+Results documents are built by the document module from records made by hand (a baseline is written to a
+file and read back, checked, as --apc-baseline reads it); the gate over real vLLM runs is checked
 in test_e2e_cpu.py, and its false alarms and detection on the committed H200 and CPU runs in test_docs.py."""
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ import pytest
 
 from pytest_apc.gate import compare as gate
 from pytest_apc.gate import noise
+from pytest_apc.measure.records import Measured, Repeat, RunRecord
 from pytest_apc.report import terminal
-from pytest_apc.results import SCHEMA_PATH
+from pytest_apc.results import SCHEMA_PATH, document, reader
 from pytest_apc.results.view import ReportView
+from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.metrics import Delta
+from pytest_apc.workload.cases import RunKey, workload_for
 from tests.test_verdict import settings
 
 MODEL = "/home/ci/.cache/pytest-apc/models/tiny-llama-v1-0123456789ab"
@@ -26,29 +31,33 @@ HITS = 59392
 ALPHA = 0.01 / 2  # two runs judged: the gate's 1% split over them
 
 
-def _server(mode: str, *extra: str) -> dict[str, Any]:
+def _server(mode: str, *extra: str) -> ServerInfo:
     command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL, *extra]
-    return {"mode": mode, "command": command, "block_size": 128, "cache_config": {"cache_dtype": "auto"}}
+    return ServerInfo(mode, command, "http://127.0.0.1:8000", "/tmp/server.log", block_size=128,
+                      cache_config={"cache_dtype": "auto"})  # fmt: skip
 
 
-def _run(run_id: str, values: list[float], hits: int | None = HITS) -> dict[str, Any]:
-    apc = run_id[0] in "BDF"
-    delta = {"prefix_cache_hits": hits if apc else 0}
-    counters = [{"mean_ttft_ms": v, "duration_s": 2.0, "delta": delta} for v in values]
-    return {"id": run_id, "case": run_id[0], "apc": apc, "repeats": len(values), "repeat_counters": counters}
+def _run(s: Any, run_id: str, values: list[float], hits: int | None = HITS) -> RunRecord:
+    """A run of these per-repeat mean TTFTs (ms), each repeat 2 s long."""
+    case, concurrency = run_id.split("-c")
+    key = RunKey(case, int(concurrency))
+    bench = {"completed": 30, "failed": 0, "total_input_tokens": 64266, "duration": 2.0}
+    delta = Delta(None, hits if key.apc else 0, None, None, None, None, None, {})
+    repeats = [Repeat({**bench, "mean_ttft_ms": v, "median_ttft_ms": v}, delta, None, None, "r.json", "cmd")
+               for v in values]  # fmt: skip
+    server = _server("apc-on" if key.apc else "apc-off")
+    return RunRecord(key, workload_for(key.family, s), server, repeats, 26, 2.0 * len(values))
 
 
 def _doc(pytester: pytest.Pytester, runs: dict[str, list[float]], *args: str, **environment: Any) -> dict[str, Any]:
-    """A results document as the gate reads it: cpu profile, C/D runs with these per-repeat mean TTFTs."""
-    return {
-        "schema_version": 4,
-        "profile": "cpu",
-        "model": MODEL,
-        "settings": json.loads(json.dumps(settings(pytester, *args).as_dict())),
-        "servers": [_server("apc-off"), _server("apc-on")],
-        "runs": [_run(run_id, values) for run_id, values in runs.items()],
-        "environment": {"vllm": "0.32.0", "torch": "2.13.0+cpu", "gpu_model": None, "gpu_count": 0, **environment},
-    }
+    """A results document as the session writes it: cpu profile, C/D runs with these per-repeat mean TTFTs."""
+    s = settings(pytester, *args)
+    records = [_run(s, run_id, values) for run_id, values in runs.items()]
+    measured = Measured(records={r.key: r for r in records}, servers={m: _server(m) for m in ("apc-off", "apc-on")})
+    doc = json.loads(json.dumps(document.document(s, measured, MODEL, "2026-12-01T00:00:00+00:00", 10.0)))
+    env = {"pytest_apc": "0.4.0", "vllm": "0.32.0", "torch": "2.13.0+cpu", "python": "3.12.3", "platform": "Linux",
+           "gpus": [], "git_commit": None, "gpu_model": None, "gpu_count": 0, **environment}  # fmt: skip
+    return document.with_blocks(doc, {"verdicts": [], "environment": env})
 
 
 SAME = {"C-c8": [100.0, 104.0, 98.0], "D-c8": [40.0, 41.0, 39.5]}
@@ -57,7 +66,7 @@ SAME = {"C-c8": [100.0, 104.0, 98.0], "D-c8": [40.0, 41.0, 39.5]}
 def _gate(old: dict[str, Any], new: dict[str, Any], tmp_path: Path, repeats: int = 3) -> gate.Gate:
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps(old))
-    return gate.compare_baseline(new, path, 0.01, repeats)
+    return gate.compare_documents(reader.read(path, "baseline"), new, str(path), 0.01, repeats)
 
 
 def test_a_comparable_baseline_passes_and_every_run_is_shown(pytester, tmp_path) -> None:
@@ -234,7 +243,8 @@ def test_no_overlapping_run_fails_and_a_missing_one_is_a_warning(pytester, tmp_p
 
 def test_fleet_runs_are_not_gated(pytester, tmp_path) -> None:
     fleet = _doc(pytester, {})
-    fleet["runs"] = [{**_run("R-c8", SAME["D-c8"]), "id": "R-c8-round_robin", "route": "round_robin"}]
+    fleet["runs"] = [{**_run(settings(pytester), "R-c8", SAME["D-c8"]).to_json(), "id": "R-c8-round_robin",
+                      "route": "round_robin"}]  # fmt: skip
     result = _gate(_doc(pytester, SAME), fleet, tmp_path)
     assert result.failures == [
         f"nothing was measured to compare with baseline {tmp_path / 'baseline.json'}: the fleet runs "
@@ -252,7 +262,10 @@ def test_a_calibration_in_the_baseline_sets_each_runs_limit(pytester, tmp_path) 
     result = _gate(old, _doc(pytester, rise), tmp_path)
     d8 = result.rows[1]["metrics"][0]
     assert (d8["within"], d8["between"]) == (0.01, 0.01)
-    assert d8["noise"] == f"the calibration in {tmp_path / 'baseline.json'} (3 results files)"
+    assert d8["noise"] == (
+        f"the calibration in {tmp_path / 'baseline.json'} (3 results files; 2 degrees of freedom between runs, "
+        "6 or more within a run)"
+    )
     assert d8["allowed"] == pytest.approx(math.exp(noise.z(ALPHA) * math.sqrt(2 * 0.01**2 + 0.01**2 * 2 * 0.448671)))
     assert d8["result"] == "REGRESSED"  # the calibrated node is quiet: 8% is a regression there
     c8 = result.rows[0]["metrics"][0]  # C was not calibrated: its within-run spread is the default's
@@ -280,7 +293,7 @@ def test_the_gate_block_is_schema_valid(pytester, tmp_path) -> None:
 
 def test_a_results_file_of_schema_version_1_is_read_as_a_baseline(pytester, tmp_path) -> None:
     """The H200 results in docs/ (schema_version 1, GPU profile): read, and refused for every difference."""
-    result = gate.compare_baseline(_doc(pytester, SAME), H200_RESULTS, 0.01, 3)
+    result = gate.compare_documents(reader.read(H200_RESULTS), _doc(pytester, SAME), str(H200_RESULTS), 0.01, 3)
     (message,) = result.failures
     assert message.startswith(f"not comparable with baseline {H200_RESULTS}: profile cpu here vs gpu there; ")
     for part in ("model tiny-llama-v1-0123456789ab vs llama-3.1-8b-shape-v1-e18e6ae6be32",

@@ -4,11 +4,13 @@ the rule promises checked by simulation, and per-repeat values read from results
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 
 from pytest_apc.gate import noise
+from pytest_apc.measure.records import RunRecord
 
 
 def _runs(rng: np.random.Generator, runs: int, k: int, within: float, between: float, mean: float = 800.0):
@@ -88,14 +90,17 @@ def test_one_bad_repeat_of_three_does_not_decide_a_run() -> None:
 
 
 def test_repeat_values_of_every_schema_version() -> None:
+    def run(**stored: Any) -> RunRecord:  # a runs[] entry of a results file, read back
+        return RunRecord.from_json({"id": "D-c8", **stored})
+
     v4 = {"repeat_counters": [{"mean_ttft_ms": 700.0}, {"mean_ttft_ms": 720.0}], "ttfts_ms": [1.0] * 4}
-    assert noise.repeat_values(v4) == [700.0, 720.0]
+    assert noise.repeat_values(run(**v4)) == [700.0, 720.0]
     # Before schema_version 4: the pooled per-request TTFTs, in repeat order, split evenly.
     old = {"repeat_counters": [{"delta": None}, {"delta": None}], "repeats": 2, "ttfts_ms": [1.0, 3.0, 5.0, 7.0]}
-    assert noise.repeat_values(old) == [2.0, 6.0]
-    assert noise.repeat_values({**old, "ttfts_ms": [1.0, 2.0, 3.0]}) is None  # does not split: unknown
-    assert noise.repeat_values({"repeat_counters": [], "ttfts_ms": []}) is None
-    assert noise.repeat_values(old, "median_ttft_ms") is None  # only the mean can be recovered
+    assert noise.repeat_values(run(**old)) == [2.0, 6.0]
+    assert noise.repeat_values(run(**{**old, "ttfts_ms": [1.0, 2.0, 3.0]})) is None  # does not split: unknown
+    assert noise.repeat_values(run(repeat_counters=[], ttfts_ms=[])) is None
+    assert noise.repeat_values(run(**old), "median_ttft_ms") is None  # only the mean can be recovered
 
 
 def test_ksets_pair_every_choice_of_repeats_across_runs_never_a_run_with_itself() -> None:

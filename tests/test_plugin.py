@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_apc import config as apc_config
+from pytest_apc.workload.models import TINY_MODEL_VERSION, shape_model_name, tiny_model_name
+
+CPU_RUN = Path(__file__).resolve().parent.parent / "docs" / "results" / "cpu-gate" / "run-1" / "results.json"
+
+
+def cpu_baseline(folder: Path, name: str = "baseline.json", **settings: Any) -> Path:
+    """A baseline of C-c8 and D-c8 (5 cold repeats each) that a ``--cpu-node`` run with the default settings,
+    changed by ``settings``, can be gated on: a committed CPU run with this checkout's tiny model."""
+    doc = json.loads(CPU_RUN.read_text())
+    doc["model"] = f"/cache/pytest-apc/models/{tiny_model_name()}"
+    doc["settings"].update(settings)
+    path = folder / name
+    path.write_text(json.dumps(doc))
+    return path
+
 
 SUITE = """
 import pytest
@@ -115,9 +132,7 @@ def test_collect_only_writes_no_results(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x(apc_run): pass")
     result = pytester.runpytest("--cpu-node", "--collect-only", f"--apc-results-dir={pytester.path}/res")
     assert result.ret == pytest.ExitCode.OK
-    baseline = pytester.path / "baseline.json"
-    baseline.write_text('{"pairs": []}')
-    gated = pytester.runpytest("--cpu-node", "--collect-only", f"--apc-baseline={baseline}")
+    gated = pytester.runpytest("--cpu-node", "--collect-only", f"--apc-baseline={cpu_baseline(pytester.path)}")
     assert gated.ret == pytest.ExitCode.OK  # nothing measured, nothing gated
     assert not (pytester.path / "res").exists()
     assert "results:" not in result.stdout.str()
@@ -175,11 +190,12 @@ def test_unused_settings_are_session_warnings_whatever_set_them(
 def test_the_gates_settings_are_unused_without_a_baseline_or_a_run_to_gate(apc_suite: pytest.Pytester) -> None:
     """Fleet runs are not gated: with only them selected the baseline is unused; the gate's own settings
     without a baseline are unused whatever is selected."""
+    b = cpu_baseline(apc_suite.path, "b.json")
     reprec = apc_suite.inline_run(
-        "--collect-only", "-m", "fleet", "--cpu-node", "--apc-baseline=b.json", "--apc-baseline-false-alarm=0.05"
+        "--collect-only", "-m", "fleet", "--cpu-node", f"--apc-baseline={b}", "--apc-baseline-false-alarm=0.05"
     )
     assert _session_warnings(reprec) == [
-        "--apc-baseline b.json (option --apc-baseline): no selected test measures a single-server run, so the gate "
+        f"--apc-baseline {b} (option --apc-baseline): no selected test measures a single-server run, so the gate "
         "has no run to compare (35 tests would; -m 'fleet' deselected them)",
         "--apc-baseline-false-alarm 0.05 (option --apc-baseline-false-alarm): no selected test measures a "
         "single-server run, so the gate has no run to compare (35 tests would; -m 'fleet' deselected them)",
@@ -204,7 +220,8 @@ def test_an_unused_replica_key_is_named_and_never_printed(
 def test_the_default_run_and_options_that_are_used_warn_of_nothing(apc_suite: pytest.Pytester) -> None:
     strict = ("-W", "error::pytest_apc.plugin.ApcUnusedOptionWarning")
     assert apc_suite.runpytest("--collect-only", "-q", "-m", "apc", "--cpu-node", *strict).ret == pytest.ExitCode.OK
-    used = ["--apc-hash-algos=sha256_cbor", "--apc-baseline=b.json", "--apc-baseline-false-alarm=0.05",
+    b = cpu_baseline(apc_suite.path, prefix_len=4096, suffix_len=64, input_len=4096, rag_prefix_len=4000)
+    used = ["--apc-hash-algos=sha256_cbor", f"--apc-baseline={b}", "--apc-baseline-false-alarm=0.05",
             "--apc-low-concurrency=2", "--apc-pure-gain-concurrency=0", "--apc-sweep-cases=CDF",
             "--apc-sweep-concurrency=1,8", "--apc-prefix-len=4096", "--apc-suffix-len=64", "--apc-input-len=4096",
             "--apc-rag-prefix-len=4000", "--apc-url-on=http://on:8000", "--apc-url-off=http://off:8000"]  # fmt: skip
@@ -340,3 +357,102 @@ def test_an_unmarked_fleet_test_is_a_fleet_test_not_an_apc_one(pytester: pytest.
     apc = pytester.runpytest("--cpu-node", "-m", "apc", "--collect-only", "-q")
     apc.stdout.fnmatch_lines(["*test_my_pure[D-c8]*", "*1/3 tests collected (2 deselected)*"])
     assert "test_my_fleet" not in apc.stdout.str()
+
+
+# The baseline is checked before anything runs: configure time for the file and the settings, right after
+# collection for the selected runs (both under --collect-only too), and the rest once a server is up
+# (test_faults.py).
+
+
+@pytest.mark.parametrize("collect_only", [False, True], ids=["run", "collect-only"])
+def test_a_baseline_that_cannot_be_read_stops_pytest_before_anything_runs(
+    apc_suite: pytest.Pytester, collect_only: bool
+) -> None:
+    import time
+
+    started = time.monotonic()
+    co = ["--co"] if collect_only else []
+    result = apc_suite.runpytest("-m", "apc", "--cpu-node", "--apc-baseline=/nonexistent.json",
+                                 f"--apc-results-dir={apc_suite.path}/res", *co)  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert result.stderr.lines[0] == (
+        "ERROR: cannot read baseline /nonexistent.json: [Errno 2] No such file or directory: '/nonexistent.json'"
+    )
+    assert time.monotonic() - started < 30
+    assert not (apc_suite.path / "res").exists()  # nothing measured, no results folder
+
+
+def test_a_damaged_or_incomparable_baseline_is_a_usage_error_naming_it(apc_suite: pytest.Pytester) -> None:
+    damaged = json.loads(cpu_baseline(apc_suite.path).read_text())
+    damaged["runs"][0]["repeat_counters"] = "5"
+    path = apc_suite.path / "damaged.json"
+    path.write_text(json.dumps(damaged))
+    h200 = CPU_RUN.parent.parent.parent / "h200" / "results.json"
+    null_noise = cpu_baseline(apc_suite.path, "null-noise.json")
+    calibrated = json.loads(null_noise.read_text())
+    calibrated["calibration"] = {"statistic": "mean_ttft_ms", "files": ["a"], "between": None, "between_df": 0,
+                                 "rows": {}}  # fmt: skip
+    null_noise.write_text(json.dumps(calibrated))
+    old_model = cpu_baseline(apc_suite.path, "old-model.json")
+    doc = json.loads(old_model.read_text())
+    old_model.write_text(json.dumps({**doc, "model": "/m/tiny-llama-v1-0123456789ab"}))
+    for baseline, message in [
+        (path, f"baseline {path} is not a valid results file of schema_version 5: runs[0].repeat_counters is a "
+               'string ("5"), not an array'),
+        (h200, f"not comparable with baseline {h200}: profile cpu here vs gpu there; model {tiny_model_name()} vs "
+               "llama-3.1-8b-shape-v1-e18e6ae6be32; model_shape - vs llama-3.1-8b; length_scale 0.0625 vs 1.0"),
+        (old_model, f"not comparable with baseline {old_model}: model {tiny_model_name()} here vs "
+                    f"tiny-llama-v1-0123456789ab there (generated tiny-llama model v{TINY_MODEL_VERSION} vs v1)"),
+        (null_noise, f"baseline {null_noise} holds a calibration the gate cannot use: it measured no run (calibrate "
+                     f"it again: python -m pytest_apc calibrate RESULTS... --write {null_noise})"),
+        (cpu_baseline(apc_suite.path, "scaled.json", length_scale=0.125),
+         f"not comparable with baseline {apc_suite.path / 'scaled.json'}: length_scale 0.0625 here vs 0.125 there"),
+    ]:  # fmt: skip
+        result = apc_suite.runpytest("--co", "-m", "pure", "--cpu-node", f"--apc-baseline={baseline}")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        assert result.stderr.lines[0] == f"ERROR: {message}"
+    # A shape model's name is known before it is generated: the H200 run's is of an older version.
+    result = apc_suite.runpytest("--co", "-m", "pure", "--gpu-node", "--apc-model-shape=llama-3.1-8b",
+                                 f"--apc-baseline={h200}")  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert result.stderr.lines[0] == (
+        f"ERROR: not comparable with baseline {h200}: model {shape_model_name('llama-3.1-8b')} here vs "
+        "llama-3.1-8b-shape-v1-e18e6ae6be32 there (generated llama-3.1-8b-shape model v2 vs v1)"
+    )
+
+
+@pytest.mark.parametrize("collect_only", [False, True], ids=["run", "collect-only"])
+def test_a_baseline_without_enough_repeats_of_the_selected_runs_stops_pytest_after_collection(
+    apc_suite: pytest.Pytester, collect_only: bool
+) -> None:
+    b = cpu_baseline(apc_suite.path)
+    co = ["--co"] if collect_only else []
+    result = apc_suite.runpytest("-m", "pure", "--cpu-node", f"--apc-baseline={b}", "--apc-baseline-repeats=6", *co)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert result.stderr.lines[0] == (
+        f"ERROR: baseline {b} has 5 cold repeats of C-c8, D-c8; the gate needs 6 or more (measure the baseline with "
+        "--apc-repeats 6)"
+    )
+    result = apc_suite.runpytest("-m", "pure", "--cpu-node", f"--apc-baseline={b}", "--apc-concurrency=4", *co)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert result.stderr.lines[0] == (
+        f"ERROR: no run of this run is in baseline {b}: this run has C-c4, D-c4; the baseline has C-c8, D-c8"
+    )
+    assert apc_suite.runpytest("-m", "pure", "--cpu-node", f"--apc-baseline={b}", "--co").ret == pytest.ExitCode.OK
+
+
+def test_under_xdist_a_baseline_without_enough_repeats_fails_every_run_before_a_server_starts(
+    apc_suite: pytest.Pytester,
+) -> None:
+    """An xdist worker cannot stop the session at collection: each selected run fails with the refusal,
+    and no server is started."""
+    b = cpu_baseline(apc_suite.path)
+    result = apc_suite.runpytest_subprocess("-n", "2", "-m", "pure", "--cpu-node", f"--apc-baseline={b}",
+                                            "--apc-baseline-repeats=6", "--apc-results-dir=res")  # fmt: skip
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    refusal = f"baseline {b} has 5 cold repeats of C-c8, D-c8; the gate needs 6 or more"
+    result.stdout.fnmatch_lines([f"NOT MEASURED C-c8: run C-c8 was not measured: {refusal}*",
+                                 f"NOT MEASURED D-c8: run D-c8 was not measured: {refusal}*"])  # fmt: skip
+    assert result.parseoutcomes()["errors"] == 3
+    (written,) = apc_suite.path.glob("res/*/results.json")
+    assert json.loads(written.read_text())["server_launches"] == {}

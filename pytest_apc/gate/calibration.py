@@ -7,18 +7,16 @@ and stores a calibration in a baseline results file.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tabulate import tabulate
 
-from pytest_apc.gate import noise
-from pytest_apc.results import document as results
+from pytest_apc.gate import compare, noise
+from pytest_apc.results import document
 from pytest_apc.results.formatting import num, percent
-
-Document = tuple[str, Mapping[str, Any]]  # (file name, results document)
+from pytest_apc.results.reader import Results
 
 
 class NotCalibratable(ValueError):
@@ -70,9 +68,19 @@ def _spread_cell(row: noise.Spread | None, between: float | None) -> str:
     return f"{row.within:.1%} / {'-' if between is None else f'{between:.1%}'}"
 
 
-def report(docs: Sequence[Document], k: int, false_alarm: float, slower: Sequence[Document] = ()) -> Found:
-    """Calibrate on ``docs`` (results files of one build) for gated runs of ``k`` repeats; check the rule on
-    them, and on ``slower`` (the same runs with a known slowdown) for what it detects."""
+def report(
+    files: Sequence[Results],
+    k: int,
+    false_alarm: float,
+    slower: Sequence[Results] = (),
+    baseline: Results | None = None,
+) -> Found:
+    """Calibrate on ``files`` (results files of one build) for gated runs of ``k`` repeats; check the rule
+    on them, and on ``slower`` (the same runs with a known slowdown) for what it detects. :class:`NotCalibratable`
+    before anything is computed when they (with ``baseline``, where the calibration is to be stored) were
+    not measured alike, or when the noise cannot be measured from them."""
+    docs = [(doc.name, doc) for doc in files]
+    comparable(files, [*slower, *([baseline] if baseline is not None else [])])
     groups = noise.repeat_groups(docs)
     calibration = noise.Calibration.of(groups, [name for name, _ in docs], noise.STATISTIC)
     if not any(len(g) >= 2 for g in groups.values()):
@@ -81,7 +89,13 @@ def report(docs: Sequence[Document], k: int, false_alarm: float, slower: Sequenc
             f"with per-repeat TTFT); got {len(docs)} file(s) with runs "
             f"{', '.join(f'{r} x{len(g)}' for r, g in sorted(groups.items())) or 'none'}"
         )
-    profile = str(docs[0][1].get("profile"))
+    unusable = calibration.unusable()
+    if unusable:  # what --write would store, and the gate refuse
+        raise NotCalibratable(
+            f"calibrate cannot measure the noise of these files: {unusable}; it needs 2 or more cold repeats of "
+            "each run in each file, and a run in 2 or more files (measure them with --apc-repeats 3)"
+        )
+    profile = str(files[0].data.get("profile"))
     default = noise.PROFILE_NOISE.get(profile, noise.PROFILE_NOISE["gpu"])
     alpha = false_alarm / len(groups)
     measured_source = f"this calibration ({len(docs)} files)"
@@ -118,7 +132,8 @@ def report(docs: Sequence[Document], k: int, false_alarm: float, slower: Sequenc
         f"failed ({c.rate:.1%}), noise from {c.noise}"
         for c in false_alarms
     ]
-    for name, doc in slower:  # each file its own slowdown
+    for doc in slower:  # each file its own slowdown
+        name = doc.name
         for run_id, slow in sorted(noise.repeat_groups([(name, doc)]).items()):
             if run_id not in groups:
                 continue
@@ -134,6 +149,20 @@ def report(docs: Sequence[Document], k: int, false_alarm: float, slower: Sequenc
     return Found(calibration, lines, failed)
 
 
-def store(path: Path, doc: Mapping[str, Any], calibration: noise.Calibration) -> None:
-    """Write ``calibration`` into the results file ``doc`` read from ``path`` (atomically)."""
-    results.write(path, {**doc, "calibration": calibration.to_json()})
+def comparable(files: Sequence[Results], others: Sequence[Results]) -> None:
+    """:class:`NotCalibratable` unless every file, and each of ``others`` (``--slower``, the ``--write``
+    baseline), was measured under the conditions of the first, by the gate's own rule
+    (:func:`compare.differences`): the noise of a CPU run against a GPU run is no noise of either."""
+    first = files[0]
+    for doc in [*files[1:], *others]:
+        found = compare.differences(doc.data, first.data)
+        if found:
+            raise NotCalibratable(
+                f"{doc.name} is not comparable with {first.name} (the gate's rule): {compare.difference_text(found)}; "
+                "calibrate runs of one build, measured alike on one kind of node"
+            )
+
+
+def store(path: Path, doc: Results, calibration: noise.Calibration) -> None:
+    """Write results document ``doc`` to ``path`` with ``calibration`` in it (atomically)."""
+    document.write(path, document.with_blocks(doc.data, {"calibration": calibration.to_json()}))

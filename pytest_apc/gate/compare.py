@@ -3,32 +3,33 @@ against another (``python -m pytest_apc compare``), by the same rules (:func:`co
 
 Each run both files have (``C-c8``, ``D-c8``, ...) is judged on two things:
 
-* **mean TTFT over its cold repeats** (:mod:`pytest_apc.gate.noise`): a regression when it rose beyond the
-  limit that the run-to-run noise allows, so that a build that did not change fails the whole gate with
-  probability at most ``--apc-baseline-false-alarm`` (split over the runs judged);
+* **mean TTFT (median of the cold repeats)** (:mod:`pytest_apc.gate.noise`): a regression when it rose
+  beyond the limit that the run-to-run noise allows, so that a build that did not change fails the whole
+  gate with probability at most ``--apc-baseline-false-alarm`` (split over the runs judged);
 * **cached tokens** (APC-on runs): exact; fewer than the baseline's is a regression.
 
-The gate also fails when the baseline cannot be read, was measured under conditions that make its numbers
-incomparable (profile, model, workload, block size, GPU model or count, parallel layout, dtype), has fewer
-repeats than the rule needs, or shares no run with this one. Another vLLM or torch version is compared, and
-named. Every compared run is kept, passing or not, so the terminal and ``results.json`` show what the gate
-looked at.
+The gate also fails (refuses) when the baseline was measured under conditions that make its numbers
+incomparable (profile, model, workload, block size, GPU model or count, parallel layout, dtype), holds a
+calibration without a usable spread, has fewer repeats of a run than the rule needs (the run's row says
+``refused``), or shares no run with this one; :mod:`pytest_apc.gate.baseline` applies these refusals before
+a gated run measures. Another vLLM or torch version is compared, and named. Every compared run is kept,
+passing or not, so the terminal and ``results.json`` show what the gate looked at. Documents come as
+:class:`~pytest_apc.results.reader.Results` (read and checked) or as this session's own document.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pytest_apc.config import model_path_for_display
 from pytest_apc.gate import noise
 from pytest_apc.measure.provenance import layouts
+from pytest_apc.measure.records import RunRecord
 from pytest_apc.results.formatting import num, percent
-from pytest_apc.results.view import fleet_run_ids
+from pytest_apc.results.reader import Document, Results
 
 # Settings that change what a run measures: a baseline with another value is not comparable.
 COMPARED_SETTINGS = (
@@ -48,6 +49,8 @@ SETTINGS_BEFORE_THEY_EXISTED: dict[str, Any] = {"model_shape": ""}
 _GENERATED_VERSION = re.compile(r"^(?P<kind>.+)-v(?P<version>\d+)-[0-9a-f]+$")
 # Versions of the software under test: what a release gate compares, so a difference is named, not refused.
 VERSIONS = ("vllm", "torch")
+# A compared run's result: ok, a regressed metric, or its TTFT refused (too few repeats; cached tokens compared).
+REGRESSED, REFUSED = "REGRESSED", "refused"
 
 
 @dataclass
@@ -68,7 +71,12 @@ class Gate:
 
     @property
     def regressed(self) -> int:
-        return sum(1 for row in self.rows if row["result"] != "ok")
+        return sum(1 for row in self.rows if row["result"] == REGRESSED)
+
+    @property
+    def refused(self) -> int:
+        """Compared runs whose TTFT the gate refused to judge (too few repeats on a side): each a failure."""
+        return sum(1 for row in self.rows if row["result"] == REFUSED)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +84,7 @@ class Gate:
             "failures": self.failures,
             "compared": self.compared,
             "regressed": self.regressed,
+            "refused": self.refused,
             "not_comparable": self.not_comparable,
             "changes": self.changes,
             "rule": self.rule,
@@ -173,7 +182,7 @@ def version_changes(here: Mapping[str, Any], there: Mapping[str, Any]) -> list[d
     ]
 
 
-def _difference_text(differences_: list[dict[str, Any]]) -> str:
+def difference_text(differences_: list[dict[str, Any]]) -> str:
     """``num_prompts 30 here vs 10 there; block_size 16 vs 128``: the first names the sides, the rest follow."""
     parts = []
     for i, d in enumerate(differences_):
@@ -185,37 +194,74 @@ def _difference_text(differences_: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
+def not_comparable(baseline: str, found: list[dict[str, Any]]) -> str:
+    """The refusal of a baseline measured under other conditions (:func:`differences`)."""
+    return f"not comparable with baseline {baseline}: {difference_text(found)}"
+
+
+def unusable_calibration(baseline: str, why: str) -> str:
+    """The refusal of a baseline whose stored calibration cannot give a limit (:meth:`noise.Calibration.unusable`)."""
+    return (
+        f"baseline {baseline} holds a calibration the gate cannot use: {why} (calibrate it again: "
+        f"python -m pytest_apc calibrate RESULTS... --write {baseline})"
+    )
+
+
+def too_few_repeats(baseline: str, run_ids: str, repeats: int | None, min_repeats: int) -> str:
+    """The refusal of baseline runs with fewer cold repeats than the rule needs (None: no per-repeat TTFT)."""
+    return (
+        f"baseline {baseline} has {_repeats_text(repeats)} of {run_ids}; the gate needs {min_repeats} or more "
+        f"(measure the baseline with --apc-repeats {min_repeats})"
+    )
+
+
+def no_shared_run(baseline: str, here: Any, there: Any) -> str:
+    """The refusal of a baseline that has none of this run's runs (run ids ``here`` and ``there``)."""
+    return (
+        f"no run of this run is in baseline {baseline}: this run has {_run_names(here)}; "
+        f"the baseline has {_run_names(there)}"
+    )
+
+
 def _run_names(ids: Any) -> str:
     return ", ".join(sorted(ids)) or "none"
 
 
-def _hits(run: Mapping[str, Any]) -> list[int] | None:
+def _hits(run: RunRecord) -> list[int] | None:
     """The prefix-cache hits of every repeat of an APC-on run; None for an OFF run or missing counters."""
-    if not run.get("apc"):
+    if not run.key.apc:
         return None
-    hits = [(c.get("delta") or {}).get("prefix_cache_hits") for c in run.get("repeat_counters") or []]
+    hits = [rep.delta.prefix_cache_hits if rep.delta else None for rep in run.repeats]
     known = [int(h) for h in hits if h is not None]
     if hits and len(known) == len(hits):
         return known
-    first = run.get("prefix_cache_hits")  # files that kept only the first repeat's counters
+    first = run.delta.prefix_cache_hits if run.delta else None  # files that kept only the first repeat's counters
     return None if first is None else [int(first)]
 
 
-def calibration_of(doc: Mapping[str, Any]) -> noise.Calibration | None:
+def calibration_of(doc: Results) -> noise.Calibration | None:
     """The calibration ``calibrate --write`` stored in a results file, if any."""
-    stored = doc.get("calibration")
+    stored = doc.data.get("calibration")
     return noise.Calibration.from_json(stored) if isinstance(stored, Mapping) else None
 
 
-def noise_for(run_id: str, baseline_doc: Mapping[str, Any], baseline: str) -> noise.Noise:
+def noise_for(run_id: str, baseline_doc: Results, baseline: str) -> noise.Noise:
     """The noise the gate assumes for one run: the baseline's calibration where it measured the run, else
     the default of the baseline's profile."""
-    default = noise.PROFILE_NOISE.get(str(baseline_doc.get("profile")), noise.PROFILE_NOISE["gpu"])
+    default = noise.PROFILE_NOISE.get(str(baseline_doc.data.get("profile")), noise.PROFILE_NOISE["gpu"])
     calibration = calibration_of(baseline_doc)
     if calibration is None:
         return default
-    source = f"the calibration in {baseline} ({len(calibration.files)} results files)"
+    within_df = min((row.within_df for row in calibration.rows.values()), default=0)
+    source = (
+        f"the calibration in {baseline} ({len(calibration.files)} results files; {_freedom(calibration.between_df)} "
+        f"between runs, {within_df} or more within a run)"
+    )
     return calibration.noise(run_id, default, source)
+
+
+def _freedom(df: int) -> str:
+    return f"{df} degree{'s' * (df != 1)} of freedom"
 
 
 def _ttft_metric(before: list[float], now: list[float], spread: noise.Noise, alpha: float) -> dict[str, Any]:
@@ -251,14 +297,18 @@ def _observed_spread_warning(run_id: str, before: list[float], now: list[float],
     )
 
 
-def _repeats_text(values: list[float] | None) -> str:
-    return "no per-repeat TTFT" if values is None else f"{len(values)} cold repeat{'s' * (len(values) != 1)}"
+def _count(values: list[float] | None) -> int | None:
+    return None if values is None else len(values)
+
+
+def _repeats_text(repeats: int | None) -> str:
+    return "no per-repeat TTFT" if repeats is None else f"{repeats} cold repeat{'s' * (repeats != 1)}"
 
 
 def compare_runs(
-    new_runs: Mapping[str, dict[str, Any]],
-    old_runs: Mapping[str, dict[str, Any]],
-    baseline_doc: Mapping[str, Any],
+    new_runs: Mapping[str, RunRecord],
+    old_runs: Mapping[str, RunRecord],
+    baseline_doc: Results,
     baseline: str,
     false_alarm: float,
     min_repeats: int,
@@ -272,13 +322,10 @@ def compare_runs(
     judged = []
     for run_id, (before, now) in values.items():
         if before is None or len(before) < min_repeats:
-            failures.append(
-                f"baseline {baseline} has {_repeats_text(before)} of {run_id}; the gate needs {min_repeats} or more "
-                f"(measure the baseline with --apc-repeats {min_repeats})"
-            )
+            failures.append(too_few_repeats(baseline, run_id, _count(before), min_repeats))
         elif now is None or len(now) < min_repeats:
             failures.append(
-                f"this run has {_repeats_text(now)} of {run_id}; the gate needs {min_repeats} or more against "
+                f"this run has {_repeats_text(_count(now))} of {run_id}; the gate needs {min_repeats} or more against "
                 f"baseline {baseline}"
             )
         else:
@@ -286,8 +333,7 @@ def compare_runs(
     alpha = false_alarm / max(1, len(judged))
     # What the repeats cost: every judged run's benchmark time here, and how much of it one repeat each would save.
     seconds = {
-        run_id: [float(c.get("duration_s") or 0.0) for c in new_runs[run_id].get("repeat_counters") or []]
-        for run_id in judged
+        run_id: [float(rep.bench.get("duration") or 0.0) for rep in new_runs[run_id].repeats] for run_id in judged
     }
     rule = {
         "benchmark_s": sum(sum(d) for d in seconds.values()),
@@ -335,35 +381,19 @@ def compare_runs(
                     f"{run_id}: cached tokens {num(min(old_hits))} -> {num(min(new_hits))} (fewest of any repeat) "
                     f"fell by {num(min(old_hits) - min(new_hits))} against {baseline}"
                 )
-        result = "REGRESSED" if any(m["result"] == "REGRESSED" for m in metrics) else "ok"
+        result = REGRESSED if any(m["result"] == REGRESSED for m in metrics) else "ok" if run_id in judged else REFUSED
         repeats = [len(before or []), len(now or [])]
         rows.append({"run": run_id, "repeats": repeats, "metrics": metrics, "result": result})
     return rows, failures, warnings, rule
 
 
-class UnreadableResults(Exception):
-    """A results file that cannot be read, or is not a JSON object; the message says which and why."""
-
-
-def read_results(path: Path, role: str = "results file") -> dict[str, Any]:
-    """A results file as a dict; :class:`UnreadableResults` names ``role`` (e.g. "baseline") and the path."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise UnreadableResults(f"cannot read {role} {path}: {err}") from err
-    if not isinstance(doc, dict):
-        raise UnreadableResults(f"{role} {path} is not a pytest-apc results file (not a JSON object)")
-    return doc
-
-
-def compare_documents(
-    old: Mapping[str, Any], new: Mapping[str, Any], baseline: str, false_alarm: float, min_repeats: int
-) -> Gate:
+def compare_documents(old: Document, new: Document, baseline: str, false_alarm: float, min_repeats: int) -> Gate:
     """The gate's rules: results document ``new`` against the baseline document ``old`` (read from
     ``baseline``, which the messages name). Refused (a failure) when the baseline has no runs, ``new`` has
     none, they were measured under other conditions, or they share no run; a run of ``new`` the baseline
     lacks, while others overlap, is a warning (``Gate.warnings``). Fleet runs (case R) are not gated; a
     refusal for want of runs names the fleet runs a document has instead."""
+    old, new = Results.of(old), Results.of(new)
     gate = Gate(baseline=baseline)
     old_runs, new_runs = noise.gated_runs(old), noise.gated_runs(new)
     if not old_runs:
@@ -373,19 +403,21 @@ def compare_documents(
     if not new_runs:
         gate.failures.append(f"nothing was measured to compare with baseline {baseline}{_not_gated(new, 'the')}")
         return gate
-    gate.not_comparable = differences(new, old)
+    gate.not_comparable = differences(new.data, old.data)
     if gate.not_comparable:
-        gate.failures.append(f"not comparable with baseline {baseline}: {_difference_text(gate.not_comparable)}")
+        gate.failures.append(not_comparable(baseline, gate.not_comparable))
         return gate
-    gate.changes = version_changes(new, old)
+    calibration = calibration_of(old)
+    unusable = calibration.unusable() if calibration is not None else None
+    if unusable:
+        gate.failures.append(unusable_calibration(baseline, unusable))
+        return gate
+    gate.changes = version_changes(new.data, old.data)
     gate.rows, gate.failures, gate.warnings, gate.rule = compare_runs(
         new_runs, old_runs, old, baseline, false_alarm, min_repeats
     )
     if not gate.rows:
-        gate.failures.append(
-            f"no run of this run is in baseline {baseline}: this run has {_run_names(new_runs)}; "
-            f"the baseline has {_run_names(old_runs)}"
-        )
+        gate.failures.append(no_shared_run(baseline, new_runs, old_runs))
         return gate
     gate.warnings += [
         f"baseline {baseline} has no run {run_id}: not compared"
@@ -395,19 +427,9 @@ def compare_documents(
     return gate
 
 
-def _not_gated(doc: Mapping[str, Any], whose: str) -> str:
+def _not_gated(doc: Results, whose: str) -> str:
     """``: the fleet runs (R-c8-round_robin) are not gated`` for a document with fleet runs; else ""."""
-    ids = fleet_run_ids(doc)
+    ids = [run.key.id for run in doc.runs if run.key.route]
     if not ids:
         return ""
     return f": {whose} fleet runs ({', '.join(ids)}) are not gated (the gate compares single-server runs only)"
-
-
-def compare_baseline(document: Mapping[str, Any], baseline_path: Path, false_alarm: float, min_repeats: int) -> Gate:
-    """This run (its results document) against a stored results file (``--apc-baseline``), by
-    :func:`compare_documents`; a file that cannot be read is a failure of the gate."""
-    try:
-        old = read_results(baseline_path, "baseline")
-    except UnreadableResults as err:
-        return Gate(baseline=str(baseline_path), failures=[str(err)])
-    return compare_documents(old, document, str(baseline_path), false_alarm, min_repeats)

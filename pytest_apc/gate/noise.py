@@ -27,12 +27,15 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from statistics import NormalDist
 from typing import Any
 
 import numpy as np
+
+from pytest_apc.measure.records import Repeat, RunRecord
+from pytest_apc.results.reader import Document, Results
 
 # The per-repeat value the gate judges (runs[].repeat_counters[].mean_ttft_ms).
 STATISTIC = "mean_ttft_ms"
@@ -98,21 +101,22 @@ PROFILE_NOISE = {
 }
 
 
-def repeat_values(run: Mapping[str, Any], statistic: str = STATISTIC) -> list[float] | None:
-    """One value per cold repeat of a run (a ``runs[]`` entry of a results file); None when the file does
-    not hold them. Files before schema_version 4 kept no per-repeat TTFT: their mean TTFT per repeat is read
-    from the pooled per-request TTFTs (``ttfts_ms``, in repeat order), when they split evenly."""
-    counters = run.get("repeat_counters") or []
-    values = [c.get(statistic) for c in counters]
-    if counters and all(isinstance(v, (int, float)) and v > 0 for v in values):
+# What each statistic calibrate reads is, per repeat.
+_PER_REPEAT: dict[str, Callable[[Repeat], Any]] = {
+    STATISTIC: lambda rep: rep.ttft_ms("mean"),
+    "median_ttft_ms": lambda rep: rep.ttft_ms("median"),
+    "duration_s": lambda rep: rep.bench.get("duration"),
+}
+
+
+def repeat_values(run: RunRecord, statistic: str = STATISTIC) -> list[float] | None:
+    """One value per cold repeat of a run; None when not every repeat has one. Files before
+    schema_version 4 kept no per-repeat TTFT: their mean TTFT per repeat is read from the pooled
+    per-request TTFTs when they split evenly (:meth:`RunRecord.from_json`)."""
+    values = [_PER_REPEAT[statistic](rep) for rep in run.repeats]
+    if values and all(isinstance(v, (int, float)) and v > 0 for v in values):
         return [float(v) for v in values]
-    if statistic != STATISTIC:
-        return None
-    ttfts, k = run.get("ttfts_ms") or [], len(counters) or int(run.get("repeats") or 0)
-    if not k or not ttfts or len(ttfts) % k:
-        return None
-    n = len(ttfts) // k
-    return [float(np.mean(ttfts[i * n : (i + 1) * n])) for i in range(k)]
+    return None
 
 
 def geometric_mean(values: Sequence[float]) -> float:
@@ -160,6 +164,9 @@ def spread(groups: Sequence[Sequence[float]]) -> Spread:
     return Spread(n_runs, n_total, mean, within, within_df, between_var, n_runs - 1 if between_var is not None else 0)
 
 
+_SPREAD_FIELDS = tuple(f.name for f in fields(Spread))
+
+
 @dataclass
 class Calibration:
     """What ``calibrate`` measured: each run id's within-run spread, and the between-run spread pooled over
@@ -190,6 +197,25 @@ class Calibration:
             source=where,
         )
 
+    def unusable(self) -> str | None:
+        """Why no limit can come from this calibration: a spread it did not measure (files with one cold
+        repeat of a run, or no run in two files) or one that is not a positive finite number; None for one
+        the gate can use."""
+        if self.statistic != STATISTIC:
+            return f"it measured {self.statistic}, and the gate judges {STATISTIC}"
+        if not self.rows:
+            return "it measured no run"
+        for run_id, row in sorted(self.rows.items()):
+            if row.within is None or not row.within_df:
+                return f"it measured no spread between the cold repeats of {run_id} (0 degrees of freedom)"
+            if not math.isfinite(row.within) or row.within <= 0:
+                return f"its spread between the cold repeats of {run_id} is {row.within}"
+        if self.between is None or not self.between_df:
+            return "it measured no spread between runs (0 degrees of freedom: no run is in two of its files)"
+        if not math.isfinite(self.between) or self.between < 0:
+            return f"its spread between runs is {self.between}"
+        return None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "statistic": self.statistic,
@@ -211,7 +237,10 @@ class Calibration:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Calibration:
         return cls(
-            rows={run_id: Spread(**row) for run_id, row in (data.get("rows") or {}).items()},
+            rows={
+                run_id: Spread(**{name: row.get(name) for name in _SPREAD_FIELDS})
+                for run_id, row in (data.get("rows") or {}).items()
+            },
             between=data.get("between"),
             between_df=int(data.get("between_df") or 0),
             files=list(data.get("files") or []),
@@ -219,16 +248,15 @@ class Calibration:
         )
 
 
-def gated_runs(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The runs of a results file the gate can judge, by id: the six cases' runs (fleet and offload runs
-    are not gated)."""
-    return {str(r["id"]): r for r in doc.get("runs") or [] if not r.get("route") and r.get("family") != "offload"}
+def gated_runs(doc: Document) -> dict[str, RunRecord]:
+    """The runs of a results document the gate can judge, by id: the six cases' runs (fleet and offload
+    runs are not gated)."""
+    return {run.key.id: run for run in Results.of(doc).runs if not run.key.route and run.key.family != "offload"}
 
 
-def repeat_groups(
-    docs: Sequence[tuple[str, Mapping[str, Any]]], statistic: str = STATISTIC
-) -> dict[str, list[list[float]]]:
-    """Each gated run id's per-repeat values in results files (``(name, document)`` pairs), one list per file."""
+def repeat_groups(docs: Sequence[tuple[str, Document]], statistic: str = STATISTIC) -> dict[str, list[list[float]]]:
+    """Each gated run id's per-repeat values in results documents (``(name, document)`` pairs), one list
+    per document."""
     by_run: dict[str, list[list[float]]] = {}
     for _, doc in docs:
         for run_id, run in gated_runs(doc).items():
@@ -238,9 +266,9 @@ def repeat_groups(
     return by_run
 
 
-def calibrate(docs: Sequence[tuple[str, Mapping[str, Any]]], statistic: str = STATISTIC) -> Calibration:
-    """The spread of ``statistic`` over results files of one build (``(name, document)`` pairs, each file one
-    run of each of its run ids)."""
+def calibrate(docs: Sequence[tuple[str, Document]], statistic: str = STATISTIC) -> Calibration:
+    """The spread of ``statistic`` over results documents of one build (``(name, document)`` pairs, each
+    one run of each of its run ids)."""
     return Calibration.of(repeat_groups(docs, statistic), [name for name, _ in docs], statistic)
 
 

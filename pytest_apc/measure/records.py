@@ -2,12 +2,15 @@
 identity of the server each ran on, and the error of a run that could not be measured.
 
 Plain data only (no servers, no benchmark): it crosses between xdist workers as JSON through the run's
-store (``Measured.to_state`` / ``from_state``) and is what the results file is written from.
+store (``Measured.to_state`` / ``from_state``) and is what the results file is written from
+(``RunRecord.to_json``) and read back as (``RunRecord.from_json``, any schema version): the verdicts, the
+report's rows and the baseline gate all read runs as :class:`RunRecord`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,11 +39,17 @@ class Repeat:
     parts: dict[str, metrics.Delta] = field(default_factory=dict)
     router_command: str = ""  # the router that routed this repeat (a fleet behind a launched router)
     prompt_groups: list[int] = field(default_factory=list)  # each request's prefix group, in sending order
+    # A repeat read back from a results file: the mean and median TTFT (ms) the file stored for it (None
+    # where its version kept none). They are what the gate judges, not recomputed from the file's
+    # per-request TTFTs, which it rounds.
+    stored_ttft_ms: dict[str, float | None] | None = None
 
     def ttft_ms(self, statistic: str) -> float | None:
         """This repeat's ``mean`` or ``median`` TTFT (ms) over its requests: the per-repeat values the
         baseline gate and ``calibrate`` judge (a repeat is the unit of noise); the benchmark's own number
-        when it saved no per-request values."""
+        when it saved no per-request values; what a results file stored, for a repeat read back from one."""
+        if self.stored_ttft_ms is not None:
+            return self.stored_ttft_ms.get(statistic)
         ttfts = self.bench.get("ttfts") or []
         if ttfts:
             values = np.asarray(ttfts, dtype=float) * 1000.0
@@ -203,6 +212,114 @@ class RunRecord:
             **({"route": self.key.route, "prefix_groups": self.workload.prefix_groups} if self.key.route else {}),
             "wall_s": self.wall_s,
         }
+
+    @classmethod
+    def from_json(cls, run: Mapping[str, Any], server: ServerInfo | None = None) -> RunRecord:
+        """A ``runs[]`` entry of a results file of any schema version (what :meth:`to_json`, or an older
+        version of it, wrote), read back; ``server`` is the ``servers[]`` entry it ran on (a bare one of its
+        mode when the file has none). The key is the run's id.
+
+        A file keeps less than the run had. Each repeat gets the run's benchmark totals, its own duration,
+        counters and stored TTFTs, and its share of the pooled per-request TTFTs (``ttfts_ms``, in repeat
+        order) where they split evenly. Files before schema_version 4 stored no per-repeat TTFT: a repeat's
+        mean is then the mean of its share (its median stays unknown). Fields a version did not write read
+        as absent (None, 0 or empty)."""
+        key = RunKey.parse(str(run["id"]))
+        counters = list(run.get("repeat_counters") or []) or [{}] * int(run.get("repeats") or 1)
+        shares = _shares([float(t) for t in run.get("ttfts_ms") or []], len(counters))
+        means = [c.get("mean_ttft_ms") for c in counters]
+        if not all(_positive(v) for v in means):  # not stored (before schema_version 4) or not for every repeat
+            means = [float(np.mean(share)) for share in shares] if shares else [None] * len(counters)
+        repeats = [
+            _repeat_from_json(run, counter, means[i], shares[i] if shares else [], first=i == 0)
+            for i, counter in enumerate(counters)
+        ]
+        workload = Workload(
+            family=key.family,
+            prefix_len=int(run.get("prefix_len") or 0),
+            suffix_len=int(run.get("suffix_len") or 0),
+            output_len=int(run.get("output_len") or 0),
+            num_prompts=int(run.get("num_prompts") or 0),
+            seed=int(run.get("seed") or 0),
+            prefix_groups=int(run.get("prefix_groups") or 1),
+        )
+        mode = str(run.get("server") or key.mode.name)
+        return cls(
+            key=key,
+            workload=workload,
+            server=server or ServerInfo(mode, [], "", "", block_size=run.get("block_size")),
+            repeats=repeats,
+            header_tokens=int(run.get("header_tokens") or 0),
+            wall_s=float(run.get("wall_s") or 0.0),
+            prediction=_prediction(run.get("prediction")),
+            local_hits_predicted=run.get("local_hits_predicted"),
+        )
+
+
+def _repeat_from_json(
+    run: Mapping[str, Any], counter: Mapping[str, Any], mean: float | None, share: list[float], *, first: bool
+) -> Repeat:
+    """One repeat of a stored run: its ``repeat_counters[]`` entry, with the run's totals (every repeat sends
+    the same prompts) and its share of the pooled per-request TTFTs."""
+    totals = {name: run.get(name) for name in ("completed", "failed", "total_input_tokens", "total_output_tokens")}
+    median = counter.get("median_ttft_ms")
+    bench = {**totals, "duration": counter.get("duration_s"), "ttfts": [t / 1000.0 for t in share],
+             "mean_ttft_ms": mean, "median_ttft_ms": median}  # fmt: skip
+    delta = _delta(counter.get("delta"))
+    if delta is None and first and run.get("prefix_cache_hits") is not None:
+        delta = _delta(run)  # a file that kept only the run's counters (its first repeat's)
+    return Repeat(
+        bench=bench,
+        delta=delta,
+        metrics_error=run.get("metrics_error") if first else None,
+        reset=run.get("reset"),
+        result_file=str(counter.get("file") or run.get("bench_result_file") or ""),
+        command=str(run.get("bench_command") or ""),
+        parts={name: d for name, part in (counter.get("parts") or {}).items() if (d := _delta(part)) is not None},
+        router_command=str(counter.get("router_command") or ""),
+        prompt_groups=list(counter.get("prompt_groups") or []),
+        stored_ttft_ms={"mean": mean, "median": median},
+    )
+
+
+def server_from_json(info: Mapping[str, Any]) -> ServerInfo:
+    """A ``servers[]`` entry of a results file of any schema version, read back (fields it lacks take
+    their defaults; ones this version does not know are left out)."""
+    known = {f.name for f in dataclasses.fields(ServerInfo)}
+    given = {name: value for name, value in info.items() if name in known}
+    return ServerInfo(**{"mode": "", "command": [], "url": "", "log": "", **given})
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _shares(values: list[float], k: int) -> list[list[float]] | None:
+    """``values`` (pooled over ``k`` repeats, in repeat order) split into each repeat's; None when they do
+    not split evenly."""
+    if not k or not values or len(values) % k:
+        return None
+    n = len(values) // k
+    return [values[i * n : (i + 1) * n] for i in range(k)]
+
+
+def _delta(data: Mapping[str, Any] | None) -> metrics.Delta | None:
+    """Counter deltas as a results file stores them (``Delta.as_dict``; older versions lack some)."""
+    if data is None:
+        return None
+    values: dict[str, Any] = {f.name: data.get(f.name) for f in dataclasses.fields(metrics.Delta)}
+    return metrics.Delta(**{**values, "metric_names": data.get("metric_names") or {}})
+
+
+def _prediction(data: Mapping[str, Any] | None) -> Prediction | None:
+    """A stored prediction; None where the file has none, or one of a version that lacked its fields."""
+    if data is None:
+        return None
+    names = {f.name for f in dataclasses.fields(Prediction)}
+    try:
+        return Prediction(**{name: value for name, value in data.items() if name in names})
+    except TypeError:  # schema_version 1 predictions lack tolerance_above
+        return None
 
 
 def tier_hits(d: metrics.Delta) -> int | None:

@@ -47,6 +47,9 @@ class ApcSession:
     # Called after every change worth keeping (a server started, a run measured): the plugin writes the
     # results file from it, so a later crash loses nothing.
     publish: Callable[[], None] = lambda: None
+    # Asked once a server is up: why no run may be measured any more (a baseline that, now that the
+    # server's block size and the GPUs are known, this run cannot be compared with); None to go on.
+    refuse: Callable[[], str | None] = lambda: None
     is_worker: bool = False  # an xdist worker: measures and shares, the controller reports
     plan: Plan = field(default_factory=Plan)
     measured: Measured = field(default_factory=Measured)
@@ -103,6 +106,10 @@ class ApcSession:
         if deployment is None:
             return
         try:
+            refused = self.refuse()
+            if refused:
+                self.stop_measuring(refused)
+                return
             self._probe_chat_header(deployment)
             self._check_offload_sizes(deployment.info)
             keys = self._check_kv_capacity(keys, deployment.info)
@@ -223,6 +230,23 @@ class ApcSession:
             )
         for message in found:
             self._warn(f"{info.mode}: {message}")
+
+    def refuse_runs(self, message: str) -> None:
+        """:meth:`stop_measuring` before any measurement (at collection), shared through the store so that
+        every process of this run fails its runs with ``message`` and the controller's summary shows it."""
+        with self.store.lock():
+            self.load_store()
+            self.stop_measuring(message)
+            self.store.save(self.measured)
+
+    def stop_measuring(self, message: str) -> None:
+        """Measure nothing more: every planned run not measured yet fails with ``message``, and no server
+        starts again (with the store's lock held: other xdist workers read both from the store)."""
+        self.progress(f"not measuring any more: {message}")
+        for key in sorted(self.plan.keys):
+            if key not in self.measured.records and key not in self.measured.errors:
+                self.measured.errors[key] = f"run {key.id} was not measured: {message}"
+        self.measured.done_modes.update(self.plan.modes())
 
     def _fail_runs(self, keys: list[RunKey], message: str) -> None:
         for key in keys:

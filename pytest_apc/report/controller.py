@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from pytest_apc.gate.compare import Gate, compare_baseline
+from pytest_apc.gate.baseline import Baseline
+from pytest_apc.gate.compare import Gate, compare_documents
 from pytest_apc.measure.provenance import environment
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.redaction import redact
@@ -42,9 +43,10 @@ class ControllerReporter:
     """Registered on the controller only (or the single process). Gathers verdicts from every report,
     which is how results cross from xdist workers; gates the exit code; writes every file once."""
 
-    def __init__(self, config: pytest.Config, apc: ApcSession) -> None:
+    def __init__(self, config: pytest.Config, apc: ApcSession, baseline: Baseline | None = None) -> None:
         self.config = config
         self.apc = apc
+        self.baseline = baseline  # read and checked at configure time (--apc-baseline)
         self.outcomes = Outcomes()
         self.gate = Gate()
         self.data: ReportData | None = None
@@ -67,12 +69,13 @@ class ControllerReporter:
             self.data = ReportData.build(self.apc.measured.records, self.outcomes, self.apc.settings)
         return self.data
 
-    def document(self) -> dict[str, Any]:
+    def document(self, files: dict[str, Any] | None = None) -> dict[str, Any]:
         """This session's results document as results.json holds it: what every report reads."""
         data = self.report_data()  # first: under xdist it loads what the workers measured
         if self._environment is None:
             self._environment = environment(self.apc.measured.servers, self.apc.run_dir.parent)
-        return results.of_session(self.apc, {"environment": self._environment, **report_blocks(data, self.gate)})
+        report = {"environment": self._environment, **report_blocks(data, self.gate)}
+        return results.of_session(self.apc, report, files)
 
     def view(self) -> ReportView:
         return ReportView.from_document(self.document(), str(self.apc.json_path))
@@ -84,10 +87,11 @@ class ControllerReporter:
         if self.config.option.collectonly:
             return result  # nothing was measured, so there is nothing to gate
         settings = self.apc.settings
-        if settings.baseline:
-            self.gate = compare_baseline(
-                self.document(), Path(settings.baseline), settings.baseline_false_alarm, settings.baseline_repeats
-            )
+        if self.baseline is not None:
+            self.gate = compare_documents(
+                self.baseline.results, self.document(), self.baseline.path, settings.baseline_false_alarm,
+                settings.baseline_repeats,
+            )  # fmt: skip
             self.apc.measured.warnings.extend(self.gate.warnings)
             if self.gate.failures:
                 session.testsfailed += 1
@@ -107,10 +111,8 @@ class ControllerReporter:
                 handle.write(text)
         apc.json_path.parent.mkdir(parents=True, exist_ok=True)
         written = plots(data, apc.json_path.parent)
-        doc = self.document()  # built after the plots: its timing counts the whole session
-        doc["files"] = {"json": str(apc.json_path), "markdown": str(md_path), "plots": written}
-        doc["timing"] = doc.pop("timing")  # stays the last block
-        results.write(apc.json_path, doc)
+        files = {"json": str(apc.json_path), "markdown": str(md_path), "plots": written}
+        results.write(apc.json_path, self.document(files))  # built after the plots: its timing counts them
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.config.option.collectonly:

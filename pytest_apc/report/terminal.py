@@ -293,11 +293,12 @@ def gate_lines(gate: Mapping[str, Any]) -> list[tuple[str, Markup]]:
     if rows:
         compared = gate.get("compared", len(rows))
         regressed = gate.get("regressed", sum(1 for row in rows if row["result"] != "ok"))
+        refused = f", {gate['refused']} refused" if gate.get("refused") else ""  # each also a FAIL line below
         what = "row" if "pair" in rows[0] else "run"
         lines.append(
             (
                 f"baseline {gate.get('baseline')}: {compared} {what}{'' if compared == 1 else 's'} compared, "
-                f"{regressed} regressed (baseline -> now (limit))",
+                f"{regressed} regressed{refused} (baseline -> now (limit))",
                 {},
             )
         )

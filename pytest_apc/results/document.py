@@ -1,13 +1,17 @@
-"""The results file: what was measured, as ``results.json`` (its schema is ``results.schema.json``).
+"""The results file, ``results.json``, built and written here only (its schema is ``results.schema.json``;
+:mod:`pytest_apc.results.reader` reads it back).
 
-The session writes it after every measurement, so a later crash loses nothing; the report writes it a
-last time with the pairs, verdicts and gate. Redacted: an API key never reaches the file.
+The session writes it after every measurement (:func:`publish`), so a later crash loses nothing; the
+controller writes it a last time with the report's part (environment, verdicts, rows, gate, files), and
+``calibrate --write`` stores a calibration in one. Every block has one place in the file's order, the
+timing last. Written atomically and redacted: an API key never reaches the file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,7 @@ from pytest_apc.measure.session import ApcSession
 from pytest_apc.redaction import redact
 from pytest_apc.workload.cases import CASE_FAMILY
 
+FILE_NAME = "results.json"  # in the run's folder, unless --apc-json names another file
 SCHEMA_VERSION = 6
 SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6)  # every version pytest-apc has written; readers accept each
 
@@ -51,14 +56,22 @@ def document(settings: Settings, measured: Measured, model: str, started_at: str
     }
 
 
-def of_session(session: ApcSession, report: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The session's results document: what it measured so far and ``report`` (the controller's part:
-    environment, verdicts, rows, gate, files), in the file's order; timing stays the last block.
-    "verdicts" is required by the schema; until the controller's final write it is empty."""
+def of_session(
+    session: ApcSession, report: Mapping[str, Any] | None = None, files: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The session's results document: what it measured so far, ``report`` (the controller's part:
+    environment, verdicts, rows, gate) and ``files`` (where the report wrote its files), in the file's
+    order. "verdicts" is required by the schema; until the controller's final write it is empty."""
     measured = document(session.settings, session.measured, session.json_model(), session.started_at,
                         session.elapsed_s())  # fmt: skip
-    timing = measured.pop("timing")
-    return {**measured, "verdicts": [], **(report or {}), "timing": timing}
+    return with_blocks(measured, {"verdicts": [], **(report or {}), **({"files": dict(files)} if files else {})})
+
+
+def with_blocks(doc: Mapping[str, Any], blocks: Mapping[str, Any]) -> dict[str, Any]:
+    """``doc`` with ``blocks`` added or replaced, the timing staying the last block (where a reader of
+    the file looks for how long the suite took)."""
+    timing = {"timing": doc["timing"]} if "timing" in doc else {}
+    return {**{k: v for k, v in doc.items() if k != "timing"}, **blocks, **timing}
 
 
 def publish(session: ApcSession) -> None:
@@ -66,8 +79,9 @@ def publish(session: ApcSession) -> None:
     write(session.json_path, of_session(session))
 
 
-def write(path: Path, data: dict[str, Any]) -> None:
-    """Replace ``path`` atomically (a reader never sees half a file)."""
+def write(path: Path, data: Mapping[str, Any]) -> None:
+    """Replace ``path`` atomically (a reader never sees half a file): the one place a results file is
+    written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(redact(json.dumps(data, indent=2, default=str)))

@@ -171,8 +171,18 @@ def _build_weights(out: Path) -> None:
     (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True))
 
 
+def tiny_model_name() -> str:
+    """The generated tiny model's folder name (its version and a digest of its spec), known before it is made."""
+    return f"tiny-llama-v{TINY_MODEL_VERSION}-{_spec_digest()}"
+
+
+def shape_model_name(shape: str) -> str:
+    """A shape model's folder name, known before it is made (unknown shapes are refused when it is)."""
+    return f"{shape}-shape-v{SHAPE_MODEL_VERSION}-{_shape_digest(shape)}"
+
+
 def _tiny_target(cache_dir: Path | None) -> Path:
-    return (cache_dir or default_cache_dir()) / "models" / f"tiny-llama-v{TINY_MODEL_VERSION}-{_spec_digest()}"
+    return (cache_dir or default_cache_dir()) / "models" / tiny_model_name()
 
 
 def tiny_model_cached(cache_dir: Path | None = None) -> bool:
@@ -218,7 +228,7 @@ def ensure_shape_model(shape: str, cache_dir: Path | None = None) -> Path:
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r} (known: {', '.join(SHAPES)})")
     tiny = ensure_tiny_model(cache_dir)
-    target = tiny.parent / f"{shape}-shape-v{SHAPE_MODEL_VERSION}-{_shape_digest(shape)}"
+    target = tiny.parent / shape_model_name(shape)
     if (target / "config.json").is_file():
         return target
 
