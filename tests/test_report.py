@@ -154,3 +154,36 @@ def test_the_rows_are_computed_once_whatever_reads_them(pytester, monkeypatch, t
     assert len(failures) == 1
     assert failures[0].startswith("D-c8: cached tokens ")
     assert calls == ["C-c8/D-c8"]  # nothing recomputed
+
+
+def test_one_rule_judges_every_kind_of_row() -> None:
+    """A row fails when a verdict about its runs failed, or a test about them did; whatever the verdict or
+    the test is called. A verdict is about the row when it names one of its runs and nothing beyond the
+    runs the row compares them with."""
+    passed = {"passed": True, "outcome": "passed", "name": "anything"}
+    outcomes = rows.Outcomes([
+        {**passed, "runs": ["C-c8", "D-c8"]},
+        {**passed, "runs": ["D-c8-xxhash", "D-c8"], "passed": False, "outcome": "failed"},
+        {**passed, "runs": ["R-c8-round_robin"], "outcome": "failed"},  # the verdict passed, its test failed
+    ], failed_runs={"O-c1"})  # fmt: skip
+    assert outcomes.verdict({"C-c8", "D-c8"}) == "PASS"  # the algorithm's comparison is not the pair's
+    assert outcomes.verdict({"D-c8-xxhash"}, compared_with={"D-c8"}) == "FAIL"
+    assert outcomes.verdict({"D-c8-xxhash"}) == "-"  # a verdict naming a run beyond the row's
+    assert outcomes.verdict({"R-c8-round_robin"}) == "FAIL"
+    assert outcomes.verdict({"O-c1"}, compared_with={"N-c1"}) == "FAIL"  # its test failed before a verdict
+    assert outcomes.verdict({"N-c1"}, compared_with={"O-c1"}) == "-"  # the run it is compared with failed
+
+
+def test_every_row_reads_back_from_what_results_json_stores(pytester) -> None:
+    """``report FILE`` rebuilds the rows from the file: each kind reads back equal to the row the session
+    built, and a schema_version 1 pair row keeps its hash column in summary.md."""
+    s = settings(pytester)
+    off = record(s, "C", 8, off_delta(s, "C"), 120.0)
+    on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 40.0)
+    data = _data(_session(s, [off, on, _algo_run(s, on, "xxhash", 41.0)]))
+    for built in [*data.pairs, *data.algos]:
+        assert type(built).from_json(built.to_json()) == built
+    assert [c.header for c in rows.PairRow.markdown_columns()][:3] == ["pair", "conc", "hit?"]
+    legacy = rows.PairRow.from_json({**data.pair_numbers()[0], "hash_algo": None})
+    assert isinstance(legacy, rows.LegacyPairRow)
+    assert [c.header for c in legacy.markdown_columns()][:3] == ["pair", "conc", "hash"]

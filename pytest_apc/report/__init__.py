@@ -1,7 +1,7 @@
 """What people and pipelines read, written once, on the controller. One job per module:
 
-* ``rows``: the pair and hash-algorithm rows, computed once per session (``ReportData``)
-* ``terminal``: header and progress lines, the tables, server lines, the terminal summary, number formats
+* ``terminal``: header and progress lines, the tables (their rows, ``results.rows``, declare the columns),
+  server lines, the terminal summary
 * ``markdown``: ``summary.md``; ``plots``: the PNG plots; ``environment``: where this ran
 * ``gate``: the baseline comparison; ``junit``: JUnit properties; ``failures``: sections below a failure
 * ``controller``: ``ControllerReporter``, which gathers the verdicts and writes every file once
