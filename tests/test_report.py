@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
+import numpy as np
+
 from pytest_apc.gate import compare as gate
 from pytest_apc.measure.records import Measured
 from pytest_apc.report import markdown, terminal
@@ -187,3 +189,45 @@ def test_every_row_reads_back_from_what_results_json_stores(pytester) -> None:
     legacy = rows.PairRow.from_json({**data.pair_numbers()[0], "hash_algo": None})
     assert isinstance(legacy, rows.LegacyPairRow)
     assert [c.header for c in legacy.markdown_columns()][:3] == ["pair", "conc", "hash"]
+
+
+def test_the_p90_ttft_shows_with_v_and_in_summary_md_where_the_runs_have_it(pytester) -> None:
+    """Runs store their p90 TTFT beside the p99; the pair table shows it OFF>ON with -v, summary.md in two
+    columns. A file written before runs stored it prints as it did: no p90 column anywhere."""
+    s = settings(pytester)
+    off = record(s, "C", 8, off_delta(s, "C"), 120.0)
+    on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 40.0)
+    apc = _session(s, [off, on])
+    data = _data(apc)
+    p90_off, p90_on = (float(np.percentile(r.samples_ms("ttfts"), 90)) for r in (off, on))
+    assert (off.to_json()["p90_ttft_ms"], on.to_json()["p90_ttft_ms"]) == (p90_off, p90_on)
+    assert data.pairs[0].p90_ttft_off_ms < off.to_json()["p99_ttft_ms"]
+
+    def header(text: str) -> list[str]:
+        return [c.strip() for c in next(line for line in text.splitlines() if line.startswith("pair")).split("  ")
+                if c.strip()]  # fmt: skip
+
+    assert "p90 TTFT ms" not in header(terminal.table(data.pair_numbers()))  # the default table keeps 120 columns
+    verbose = terminal.table(data.pair_numbers(), verbose=True)
+    assert header(verbose)[5:8] == ["TTFT ms", "p90 TTFT ms", "gain/bound"]
+    assert f" {formatting.num(p90_off)}>{formatting.num(p90_on)} " in verbose.splitlines()[-1]
+    summary = next(line for line in markdown.markdown(_view(apc, data)).splitlines() if line.startswith("| pair"))
+    assert [c.strip() for c in summary.split("|")][7:11] == ["TTFT OFF ms", "TTFT ON ms", "p90 TTFT OFF ms",
+                                                              "p90 TTFT ON ms"]  # fmt: skip
+
+    older = _document(apc, data)
+    for row in older["pairs"]:
+        del row["p90_ttft_off_ms"], row["p90_ttft_on_ms"]
+    view = ReportView.from_document(older, "results.json")
+    assert "p90" not in terminal.table(view.pairs, verbose=True)
+    assert "p90" not in markdown.markdown(view)
+
+
+def test_junit_properties_carry_the_p90_ttft(pytester) -> None:
+    from pytest_apc.report.junit import record_properties
+
+    s = settings(pytester)
+    run = record(s, "D", 8, delta(1000, 512), 40.0)
+    node = SimpleNamespace(user_properties=[])
+    record_properties(node, run)
+    assert dict(node.user_properties)["apc_p90_ttft_ms"] == run.to_json()["p90_ttft_ms"] > 40.0

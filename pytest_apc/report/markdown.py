@@ -21,7 +21,7 @@ from pytest_apc.workload.cases import CASE_PURPOSE
 def _table(kind: type[Row], rows: Sequence[Row]) -> str:
     """A summary.md table: every column the rows' class declares for the file (a schema_version 1 file's
     pair rows have one more)."""
-    headers, body = cells(widest(kind, rows).markdown_columns(), rows)
+    headers, body = cells(widest(kind, rows).markdown_columns(rows), rows)
     return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
 
 

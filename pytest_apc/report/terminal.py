@@ -96,11 +96,11 @@ def fleet_lead(rows: Rows[FleetRow]) -> str:
     )
 
 
-def fleet_table(rows: Rows[FleetRow]) -> str:
+def fleet_table(rows: Rows[FleetRow], verbose: bool = False) -> str:
     """One row per fleet run (results.json's ``fleet``): where the requests landed, cold prefills and hits
-    against the ideal, the routing cost, TTFT and output throughput. The concurrency is in
-    :func:`fleet_lead` (and in a row's route where the runs have several)."""
-    return rendered(FleetRow, rows)
+    against the ideal, the routing cost, TTFT and output throughput; -v adds the p90 TTFT. The concurrency
+    is in :func:`fleet_lead` (and in a row's route where the runs have several)."""
+    return rendered(FleetRow, rows, verbose)
 
 
 def offload_lead(rows: Rows[TierRow]) -> str:
@@ -112,18 +112,18 @@ def offload_lead(rows: Rows[TierRow]) -> str:
     )
 
 
-def offload_table(rows: Rows[TierRow]) -> str:
-    """One row per offload run (results.json's ``offload``)."""
-    return rendered(TierRow, rows)
+def offload_table(rows: Rows[TierRow], verbose: bool = False) -> str:
+    """One row per offload run (results.json's ``offload``); -v adds the p90 TTFT."""
+    return rendered(TierRow, rows, verbose)
 
 
-def fleet_lines(view: ReportView) -> list[tuple[str, Markup]]:
+def fleet_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Markup]]:
     """The fleet table, a line per fleet run whose locality could not be told, and, for a results file
     written before the fleet block, the fleet runs it has no table for."""
     lines: list[tuple[str, Markup]] = []
     if view.fleet:
         lines.append((fleet_lead(view.fleet), {}))
-        lines.append((fleet_table(view.fleet), {}))
+        lines.append((fleet_table(view.fleet, verbose), {}))
         lines += [(f"FLEET {n.id}: {first_line(n.error)}", {"red": True}) for n in view.fleet if n.error]
     if view.fleet_without_rows:
         lines.append(
@@ -258,9 +258,9 @@ def summary_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Ma
         default = view.algos[0].default_hash_algo or "not reported"
         lines.append((f"hash algorithms vs the default ({default}): cached tokens must be equal", {}))
         lines.append((algo_table(view.algos), {}))
-    lines += fleet_lines(view)
+    lines += fleet_lines(view, verbose)
     if view.offload:
-        lines += [(offload_lead(view.offload), {}), (offload_table(view.offload), {})]
+        lines += [(offload_lead(view.offload), {}), (offload_table(view.offload, verbose), {})]
     for run_id, error in view.errors:
         lines.append((f"NOT MEASURED {run_id}: {first_line(error)}", {"red": True}))
     lines += [(f"WARNING {line}", {"yellow": True}) for line in view.warnings]

@@ -22,10 +22,17 @@ R = TypeVar("R", bound="Row")
 Format = str | Callable[[Any], str] | None
 
 
-def stored(header: str | None, fmt: Format = None, *, default: Any = MISSING) -> Any:
+def stored(header: str | None, fmt: Format = None, *, default: Any = MISSING, sparse: bool = False) -> Any:
     """A key of the row in results.json, shown in summary.md as the column ``header`` (None: in the file
-    only) and formatted by ``fmt``. A key that an older results file lacks reads as ``default``, else None."""
-    return field(default=default, metadata={"header": header, "fmt": fmt})
+    only) and formatted by ``fmt``. A key that an older results file lacks reads as ``default``, else None.
+    ``sparse``: a table shows the column only when one of its rows has a value (files written before the
+    key existed print as they did)."""
+    return field(default=default, metadata={"header": header, "fmt": fmt, "sparse": sparse})
+
+
+def present(*names: str) -> Callable[[Sequence[Any]], bool]:
+    """Whether one of the rows has a value for one of these fields: a sparse column's ``shown``."""
+    return lambda rows: any(getattr(row, name, None) is not None for row in rows for name in names)
 
 
 @dataclass(frozen=True)
@@ -81,10 +88,14 @@ class Row:
         return self.to_json()
 
     @classmethod
-    def markdown_columns(cls) -> list[Column[Any]]:
-        """summary.md's columns: every stored field with a header, in the file's order."""
-        return [Column(f.metadata["header"], _markdown_cell(f.name, f.metadata["fmt"]))
-                for f in cls.stored_fields() if f.metadata["header"]]  # fmt: skip
+    def markdown_columns(cls, rows: Sequence[Any] = ()) -> list[Column[Any]]:
+        """summary.md's columns for these rows: every stored field with a header, in the file's order (a
+        sparse one where a row has a value)."""
+        return [
+            Column(f.metadata["header"], _markdown_cell(f.name, f.metadata["fmt"]))
+            for f in cls.stored_fields()
+            if f.metadata["header"] and (not f.metadata["sparse"] or present(f.name)(rows))
+        ]
 
     @classmethod
     def terminal_columns(cls, rows: Sequence[Any], verbose: bool = False) -> list[Column[Any]]:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pytest_apc.config import Settings
 from pytest_apc.measure.records import MeasurementError, RunRecord, tier_hits
-from pytest_apc.results.columns import Column, Row, stored
+from pytest_apc.results.columns import Column, Row, present, stored
 from pytest_apc.results.formatting import compact, num
 from pytest_apc.verdicts import locality
 from pytest_apc.verdicts.stats import Interval, median_interval, ratio_of_medians
@@ -71,6 +71,9 @@ def _from(left: Any, right: Any, sep: str = ">") -> str:
     return f"{num(left)}{sep}{num(right)}"
 
 
+_pair_p90 = present("p90_ttft_off_ms", "p90_ttft_on_ms")  # written since p90 was stored
+
+
 @dataclass(frozen=True, kw_only=True)
 class PairRow(MeasuredRow):
     """One ON/OFF pair at one concurrency, with everything the validation table shows."""
@@ -83,6 +86,8 @@ class PairRow(MeasuredRow):
     hit_ratio: float | None = stored("hit ratio", ".1%")
     median_ttft_off_ms: float | None = stored("TTFT OFF ms")
     median_ttft_on_ms: float | None = stored("TTFT ON ms")
+    p90_ttft_off_ms: float | None = stored("p90 TTFT OFF ms", sparse=True)
+    p90_ttft_on_ms: float | None = stored("p90 TTFT ON ms", sparse=True)
     ttft_speedup: float | None = stored("gain")
     ttft_speedup_low: float | None = stored("gain CI low")
     ttft_speedup_high: float | None = stored("gain CI high")
@@ -95,7 +100,7 @@ class PairRow(MeasuredRow):
     median_e2el_on_ms: float | None = stored("E2E ON ms")
     verdict: str = stored("verdict", default="-")  # PASS / FAIL / -
 
-    # Fits 120 columns; -v adds the gain's interval.
+    # Fits 120 columns; -v adds the p90 TTFT (where the runs have one) and the gain's interval.
     TERMINAL: ClassVar[tuple[Column[Any], ...]] = (
         Column("pair", lambda r: r.pair),
         Column("c", lambda r: r.concurrency),
@@ -103,6 +108,7 @@ class PairRow(MeasuredRow):
         Column("cached/expected", lambda r: _from(r.cached_tokens, r.expected_cached_tokens, "/")),
         Column("ratio", lambda r: num(r.hit_ratio, ".0%")),
         Column("TTFT ms", lambda r: _from(r.median_ttft_off_ms, r.median_ttft_on_ms)),
+        Column("p90 TTFT ms", lambda r: _from(r.p90_ttft_off_ms, r.p90_ttft_on_ms), verbose=True, shown=_pair_p90),
         Column("gain/bound", lambda r: f"{num(r.ttft_speedup, '.2f')}x/{num(r.prefill_bound, '.3g')}x"),
         Column("gain CI", lambda r: _interval(r.ttft_speedup_low, r.ttft_speedup_high), verbose=True),
         Column("in tok/s", lambda r: f"{compact(r.input_throughput_off)}>{compact(r.input_throughput_on)}"),
@@ -137,7 +143,8 @@ class PairRow(MeasuredRow):
             cache_hit_observed=bool(on_json["prefix_cache_hits"]), cached_tokens=on_json["prefix_cache_hits"],
             expected_cached_tokens=on.prediction.expected_hits if on.prediction else None,
             hit_ratio=on_json["hit_ratio"], median_ttft_off_ms=off_json["median_ttft_ms"],
-            median_ttft_on_ms=on_json["median_ttft_ms"], ttft_speedup=speedup, ttft_speedup_low=low,
+            median_ttft_on_ms=on_json["median_ttft_ms"], p90_ttft_off_ms=off_json["p90_ttft_ms"],
+            p90_ttft_on_ms=on_json["p90_ttft_ms"], ttft_speedup=speedup, ttft_speedup_low=low,
             ttft_speedup_high=high, prefill_bound=on.prediction.prefill_bound if on.prediction else None,
             input_throughput_off=off_json["input_throughput"], input_throughput_on=on_json["input_throughput"],
             output_throughput_off=off_json["output_throughput"], output_throughput_on=on_json["output_throughput"],
@@ -154,8 +161,8 @@ class LegacyPairRow(PairRow):
     hash_algo: str | None = stored("hash")
 
     @classmethod
-    def markdown_columns(cls) -> list[Column[Any]]:
-        columns = super().markdown_columns()
+    def markdown_columns(cls, rows: Sequence[Any] = ()) -> list[Column[Any]]:
+        columns = super().markdown_columns(rows)
         return [*columns[:2], columns[-1], *columns[2:-1]]  # the algorithm beside the concurrency
 
 
@@ -258,6 +265,7 @@ class FleetRow(MeasuredRow):
     median_ttft_ms: float | None = stored("TTFT ms")
     median_ttft_low_ms: float | None = stored("TTFT CI low")
     median_ttft_high_ms: float | None = stored("TTFT CI high")
+    p90_ttft_ms: float | None = stored("p90 TTFT ms", sparse=True)
     p99_ttft_ms: float | None = stored("p99 TTFT ms")
     output_throughput: float | None = stored("out tok/s")
     request_throughput: float | None = stored("req/s")
@@ -274,6 +282,7 @@ class FleetRow(MeasuredRow):
         Column("hits/ideal", lambda r: _from(r.hits, r.ideal_hits, "/")),
         Column("cost", lambda r: num(r.routing_cost, ".1%")),
         Column("TTFT ms [CI]", lambda r: r.ttft_text),
+        Column("p90 TTFT ms", lambda r: num(r.p90_ttft_ms), verbose=True, shown=present("p90_ttft_ms")),
         Column("out tok/s", lambda r: compact(r.output_throughput)),
         Column("verdict", lambda r: r.verdict),
     )
@@ -319,6 +328,7 @@ class FleetRow(MeasuredRow):
             routing_cost=found.routing_cost if found else None,
             median_ttft_ms=ttft.estimate if ttft else run.median_ms("ttfts"),
             median_ttft_low_ms=ttft.low if ttft else None, median_ttft_high_ms=ttft.high if ttft else None,
+            p90_ttft_ms=run.percentile_ms("ttfts", 90, "p90_ttft_ms"),
             p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
             output_throughput=run.per_second("total_output_tokens"),
             request_throughput=run.per_second("completed"),
@@ -353,6 +363,7 @@ class TierRow(MeasuredRow):
     gpu_cache_hits_replayed: int | None = stored("GPU hits replayed")
     prefix_cache_queries: int | None = stored("queries counted")
     median_ttft_ms: float | None = stored("TTFT ms")
+    p90_ttft_ms: float | None = stored("p90 TTFT ms", sparse=True)
     p99_ttft_ms: float | None = stored("p99 TTFT ms")
     verdict: str = stored("verdict", default="-")
 
@@ -367,6 +378,7 @@ class TierRow(MeasuredRow):
         Column("all tiers/predicted", lambda r: _from(r.hits_all_tiers, r.expected_hits, "/")),
         Column("GPU replayed", lambda r: num(r.gpu_cache_hits_replayed)),
         Column("TTFT ms", lambda r: num(r.median_ttft_ms)),
+        Column("p90 TTFT ms", lambda r: num(r.p90_ttft_ms), verbose=True, shown=present("p90_ttft_ms")),
         Column("verdict", lambda r: r.verdict),
     )
 
@@ -384,7 +396,8 @@ class TierRow(MeasuredRow):
             expected_hits=run.prediction.expected_hits if run.prediction else None,
             gpu_cache_hits_replayed=run.local_hits_predicted,
             prefix_cache_queries=d.prefix_cache_queries if d else None,
-            median_ttft_ms=run.median_ms("ttfts"), p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
+            median_ttft_ms=run.median_ms("ttfts"), p90_ttft_ms=run.percentile_ms("ttfts", 90, "p90_ttft_ms"),
+            p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
             verdict=outcomes.verdict({run.key.id}, compared_with), runs=(run,),
         )  # fmt: skip
 
