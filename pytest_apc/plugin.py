@@ -139,6 +139,7 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
         settings=settings, run_dir=run_dir, json_path=json_path, progress=progress, is_worker=winput is not None
     )
     session.publish = lambda: results.publish(session)
+    session.on_run = report.RunProgress(session, progress)
     return session
 
 

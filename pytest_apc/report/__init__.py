@@ -12,7 +12,7 @@ from __future__ import annotations
 from pytest_apc.report.controller import RUNS_PROPERTY, VERDICTS_PROPERTY, ControllerReporter
 from pytest_apc.report.failures import failure_sections
 from pytest_apc.report.junit import record_properties
-from pytest_apc.report.terminal import header_lines, progress_writer
+from pytest_apc.report.terminal import RunProgress, header_lines, progress_writer
 from pytest_apc.results import SCHEMA_PATH
 from pytest_apc.results.rows import AlgoRow, Outcomes, PairRow, ReportData
 
@@ -25,6 +25,7 @@ __all__ = [
     "Outcomes",
     "PairRow",
     "ReportData",
+    "RunProgress",
     "failure_sections",
     "header_lines",
     "progress_writer",

@@ -6,7 +6,6 @@ The tables and the summary render a :class:`ReportView` (row dicts, as results.j
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -16,11 +15,13 @@ from tabulate import tabulate
 
 from pytest_apc.config import Settings, flag_value, model_path_for_display
 from pytest_apc.measure.provenance import LAYOUT_FLAGS
+from pytest_apc.measure.session import ApcSession
 from pytest_apc.redaction import redact
 from pytest_apc.results.columns import Row, cells
 from pytest_apc.results.formatting import first_line, num, percent
 from pytest_apc.results.rows import AlgoRow, FleetRow, PairRow, TierRow
 from pytest_apc.results.view import ReportView
+from pytest_apc.workload.cases import RunKey
 
 R = TypeVar("R", bound=Row)
 Markup = dict[str, bool]  # keyword arguments of pytest's TerminalWriter.write_line: red, yellow, bold
@@ -41,8 +42,9 @@ def header_lines(settings: Settings, verbose: bool) -> list[str]:
 
 
 def progress_writer(config: pytest.Config, tr: Any) -> Callable[[str], None]:
-    """Progress lines while servers start and runs measure: shown on a terminal or with -v."""
-    show = tr is not None and (config.get_verbosity() > 0 or getattr(tr, "isatty", lambda: sys.stdout.isatty())())
+    """Progress lines while servers start and runs measure: shown on a terminal and in a CI log alike,
+    not under -q."""
+    show = tr is not None and config.get_verbosity() >= 0
     started = time.monotonic()
 
     capman = config.pluginmanager.getplugin("capturemanager")
@@ -70,6 +72,69 @@ def rendered(kind: type[R], rows: Rows[R], verbose: bool = False) -> str:
     typed = kind.typed(rows)
     headers, body = cells(kind.terminal_columns(typed, verbose), typed)
     return tabulate(body, headers=headers, disable_numparse=True)
+
+
+def duration(seconds: float) -> str:
+    """A rough span of time: ``41 s``, ``6 min``, ``1.5 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+class RunProgress:
+    """A progress line as each run starts and ends (the session's ``on_run``): "run i of N", what the run
+    measured or why it failed, and an estimate of the time left from what was measured so far (the mean
+    seconds per run this process measured times the runs left, plus the mean start-up of the servers
+    started times the servers left to start; stopping servers is not counted)."""
+
+    def __init__(self, session: ApcSession, write: Callable[[str], None]) -> None:
+        self.session = session
+        self.write = write
+        self.seconds: list[float] = []  # each run this process measured
+        self.numbers: dict[RunKey, str] = {}  # "run i of N" of each run, fixed when it started
+
+    def __call__(self, key: RunKey, seconds: float | None) -> None:
+        if seconds is None:
+            self.numbers[key] = f"run {len(self._done()) + 1} of {len(self.session.plan.keys)}"
+            self.write(f"{key.mode.name}: {self.numbers[key]}: measuring {key.id}")
+            return
+        self.seconds.append(seconds)
+        number = self.numbers.pop(key, f"run {len(self._done())} of {len(self.session.plan.keys)}")
+        self.write(f"{key.mode.name}: {number}: {key.id} {self._outcome(key, seconds)}; {self._left()}")
+
+    def _done(self) -> set[RunKey]:
+        measured = self.session.measured
+        return {k for k in self.session.plan.keys if k in measured.records or k in measured.errors}
+
+    def _outcome(self, key: RunKey, seconds: float) -> str:
+        measured = self.session.measured
+        record = measured.records.get(key)
+        if record is None:
+            return f"failed after {duration(seconds)}: {first_line(measured.errors.get(key))}"
+        row = record.to_json()
+        hits = row["hits_all_tiers"] if key.family == "offload" else row["prefix_cache_hits"]  # the tiers' too
+        if not key.apc:  # its prediction is the ON partner's; an OFF server hits nothing
+            cached = f"cached {num(hits)} (APC off)"
+        else:
+            cached = f"cached {num(hits)}/{num(record.prediction.expected_hits if record.prediction else None)}"
+        return f"done in {duration(seconds)}: {cached}, TTFT {num(row['median_ttft_ms'])} ms"
+
+    def _left(self) -> str:
+        session = self.session
+        runs = len(session.plan.keys) - len(self._done())
+        if not runs:
+            return "nothing left to measure"
+        servers = len([m for m in session.plan.modes() if m not in session.measured.done_modes])
+        startups = [info.startup_s for info in session.measured.servers.values() if info.startup_s is not None]
+        estimate = sum(self.seconds) / len(self.seconds) * runs
+        if servers and startups:
+            estimate += sum(startups) / len(startups) * servers
+        what = _count(runs, "run") + (f", {_count(servers, 'server start')}" if servers else "")
+        return f"about {duration(estimate)} left ({what})"
 
 
 def table(rows: Rows[PairRow], verbose: bool = False) -> str:
