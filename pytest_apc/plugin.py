@@ -152,6 +152,7 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
     baseline = config.stash.get(BASELINE_KEY, None)
     if baseline is not None:
         session.refuse = lambda: baseline.refusal(session)
+    session.on_run = report.RunProgress(session, progress)
     return session
 
 

@@ -109,7 +109,7 @@ def test_fleet_runs_make_no_pair_or_algorithm_rows(pytester: pytest.Pytester) ->
     assert (fleet_only.pairs, fleet_only.algos) == ([], [])
 
 
-def test_passed_comes_from_the_fleet_verdicts_of_that_run(pytester: pytest.Pytester) -> None:
+def test_passed_comes_from_the_verdicts_of_that_run(pytester: pytest.Pytester) -> None:
     s = settings(pytester)
     measured = _measured()
     judged = _judged(list(measured.records.values()), s)
@@ -117,8 +117,11 @@ def test_passed_comes_from_the_fleet_verdicts_of_that_run(pytester: pytest.Pytes
                for v in judged]  # fmt: skip
     passed = {n["route"]: n["passed"] for n in _data(s, measured, failing).fleet_numbers()}
     assert passed == {"round_robin": False, "consistent_hash": True}
-    other = [{**v, "name": "cached_tokens_match"} for v in judged]  # not a fleet verdict
-    assert {n["passed"] for n in _data(s, measured, other).fleet_numbers()} == {None}
+    # The rule of every row: the verdicts about its runs, whatever they are called; none about other runs.
+    renamed = [{**v, "name": "cached_tokens_match"} for v in failing]
+    assert {n["route"]: n["passed"] for n in _data(s, measured, renamed).fleet_numbers()} == passed
+    elsewhere = [{**v, "runs": ["D-c8"]} for v in judged]
+    assert {n["passed"] for n in _data(s, measured, elsewhere).fleet_numbers()} == {None}
     # A test of the run that failed before recording a verdict fails its row.
     rows_ = _data(s, measured, [], failed={CONSISTENT_HASH.id}).fleet_numbers()
     assert {n["route"]: n["passed"] for n in rows_} == {"round_robin": None, "consistent_hash": False}

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
+import numpy as np
+
 from pytest_apc.gate import compare as gate
 from pytest_apc.measure.records import Measured
 from pytest_apc.report import markdown, terminal
@@ -154,3 +156,78 @@ def test_the_rows_are_computed_once_whatever_reads_them(pytester, monkeypatch, t
     assert len(failures) == 1
     assert failures[0].startswith("D-c8: cached tokens ")
     assert calls == ["C-c8/D-c8"]  # nothing recomputed
+
+
+def test_one_rule_judges_every_kind_of_row() -> None:
+    """A row fails when a verdict about its runs failed, or a test about them did; whatever the verdict or
+    the test is called. A verdict is about the row when it names one of its runs and nothing beyond the
+    runs the row compares them with."""
+    passed = {"passed": True, "outcome": "passed", "name": "anything"}
+    outcomes = rows.Outcomes([
+        {**passed, "runs": ["C-c8", "D-c8"]},
+        {**passed, "runs": ["D-c8-xxhash", "D-c8"], "passed": False, "outcome": "failed"},
+        {**passed, "runs": ["R-c8-round_robin"], "outcome": "failed"},  # the verdict passed, its test failed
+    ], failed_runs={"O-c1"})  # fmt: skip
+    assert outcomes.verdict({"C-c8", "D-c8"}) == "PASS"  # the algorithm's comparison is not the pair's
+    assert outcomes.verdict({"D-c8-xxhash"}, compared_with={"D-c8"}) == "FAIL"
+    assert outcomes.verdict({"D-c8-xxhash"}) == "-"  # a verdict naming a run beyond the row's
+    assert outcomes.verdict({"R-c8-round_robin"}) == "FAIL"
+    assert outcomes.verdict({"O-c1"}, compared_with={"N-c1"}) == "FAIL"  # its test failed before a verdict
+    assert outcomes.verdict({"N-c1"}, compared_with={"O-c1"}) == "-"  # the run it is compared with failed
+
+
+def test_every_row_reads_back_from_what_results_json_stores(pytester) -> None:
+    """``report FILE`` rebuilds the rows from the file: each kind reads back equal to the row the session
+    built, and a schema_version 1 pair row keeps its hash column in summary.md."""
+    s = settings(pytester)
+    off = record(s, "C", 8, off_delta(s, "C"), 120.0)
+    on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 40.0)
+    data = _data(_session(s, [off, on, _algo_run(s, on, "xxhash", 41.0)]))
+    for built in [*data.pairs, *data.algos]:
+        assert type(built).from_json(built.to_json()) == built
+    assert [c.header for c in rows.PairRow.markdown_columns()][:3] == ["pair", "conc", "hit?"]
+    legacy = rows.PairRow.from_json({**data.pair_numbers()[0], "hash_algo": None})
+    assert isinstance(legacy, rows.LegacyPairRow)
+    assert [c.header for c in legacy.markdown_columns()][:3] == ["pair", "conc", "hash"]
+
+
+def test_the_p90_ttft_shows_with_v_and_in_summary_md_where_the_runs_have_it(pytester) -> None:
+    """Runs store their p90 TTFT beside the p99; the pair table shows it OFF>ON with -v, summary.md in two
+    columns. A file written before runs stored it prints as it did: no p90 column anywhere."""
+    s = settings(pytester)
+    off = record(s, "C", 8, off_delta(s, "C"), 120.0)
+    on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 40.0)
+    apc = _session(s, [off, on])
+    data = _data(apc)
+    p90_off, p90_on = (float(np.percentile(r.samples_ms("ttfts"), 90)) for r in (off, on))
+    assert (off.to_json()["p90_ttft_ms"], on.to_json()["p90_ttft_ms"]) == (p90_off, p90_on)
+    assert data.pairs[0].p90_ttft_off_ms < off.to_json()["p99_ttft_ms"]
+
+    def header(text: str) -> list[str]:
+        return [c.strip() for c in next(line for line in text.splitlines() if line.startswith("pair")).split("  ")
+                if c.strip()]  # fmt: skip
+
+    assert "p90 TTFT ms" not in header(terminal.table(data.pair_numbers()))  # the default table keeps 120 columns
+    verbose = terminal.table(data.pair_numbers(), verbose=True)
+    assert header(verbose)[5:8] == ["TTFT ms", "p90 TTFT ms", "gain/bound"]
+    assert f" {formatting.num(p90_off)}>{formatting.num(p90_on)} " in verbose.splitlines()[-1]
+    summary = next(line for line in markdown.markdown(_view(apc, data)).splitlines() if line.startswith("| pair"))
+    assert [c.strip() for c in summary.split("|")][7:11] == ["TTFT OFF ms", "TTFT ON ms", "p90 TTFT OFF ms",
+                                                              "p90 TTFT ON ms"]  # fmt: skip
+
+    older = _document(apc, data)
+    for row in older["pairs"]:
+        del row["p90_ttft_off_ms"], row["p90_ttft_on_ms"]
+    view = ReportView.from_document(older, "results.json")
+    assert "p90" not in terminal.table(view.pairs, verbose=True)
+    assert "p90" not in markdown.markdown(view)
+
+
+def test_junit_properties_carry_the_p90_ttft(pytester) -> None:
+    from pytest_apc.report.junit import record_properties
+
+    s = settings(pytester)
+    run = record(s, "D", 8, delta(1000, 512), 40.0)
+    node = SimpleNamespace(user_properties=[])
+    record_properties(node, run)
+    assert dict(node.user_properties)["apc_p90_ttft_ms"] == run.to_json()["p90_ttft_ms"] > 40.0

@@ -167,6 +167,7 @@ class RunRecord:
             # Latencies and throughputs over every repeat.
             "median_ttft_ms": self.median_ms("ttfts"),
             "mean_ttft_ms": float(np.mean(ttfts)) if ttfts.size else b.get("mean_ttft_ms"),
+            "p90_ttft_ms": self.percentile_ms("ttfts", 90, "p90_ttft_ms"),
             "p99_ttft_ms": self.percentile_ms("ttfts", 99, "p99_ttft_ms"),
             "median_tpot_ms": _median([r.bench.get("median_tpot_ms") for r in self.repeats]),
             "median_e2el_ms": self.percentile_ms("latencies", 50, "median_e2el_ms"),

@@ -44,6 +44,9 @@ class ApcSession:
     run_dir: Path
     json_path: Path
     progress: Callable[[str], None] = lambda message: None
+    # Told as each run starts (seconds None) and ends (the seconds it took): the plugin prints a line for
+    # each, with what the run measured and the time left (report.terminal.RunProgress).
+    on_run: Callable[[RunKey, float | None], None] = lambda key, seconds: None
     # Called after every change worth keeping (a server started, a run measured): the plugin writes the
     # results file from it, so a later crash loses nothing.
     publish: Callable[[], None] = lambda: None
@@ -163,7 +166,7 @@ class ApcSession:
                     f"the first failure was: {first_failure}"
                 )
                 continue
-            self.progress(f"{name}: measuring {key.id}")
+            self.on_run(key, None)
             started = time.monotonic()
             try:
                 self.measured.records[key] = measurer.run(key, deployment)
@@ -176,7 +179,7 @@ class ApcSession:
                 first_failure = first_failure or (
                     f"run {key.id}" if alive else f"run {key.id} (the server died during it)"
                 )
-            self.progress(f"{name}: {key.id} done in {time.monotonic() - started:.1f} s")
+            self.on_run(key, time.monotonic() - started)
             self.publish()
 
     def _probe_chat_header(self, deployment: Deployment) -> None:

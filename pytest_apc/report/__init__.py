@@ -1,7 +1,7 @@
 """What people and pipelines read, written once, on the controller. One job per module:
 
-* ``rows``: the pair and hash-algorithm rows, computed once per session (``ReportData``)
-* ``terminal``: header and progress lines, the tables, server lines, the terminal summary, number formats
+* ``terminal``: header and progress lines, the tables (their rows, ``results.rows``, declare the columns),
+  server lines, the terminal summary
 * ``markdown``: ``summary.md``; ``plots``: the PNG plots; ``environment``: where this ran
 * ``gate``: the baseline comparison; ``junit``: JUnit properties; ``failures``: sections below a failure
 * ``controller``: ``ControllerReporter``, which gathers the verdicts and writes every file once
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pytest_apc.report.controller import RUNS_PROPERTY, VERDICTS_PROPERTY, ControllerReporter
 from pytest_apc.report.failures import failure_sections
 from pytest_apc.report.junit import record_properties
-from pytest_apc.report.terminal import header_lines, progress_writer
+from pytest_apc.report.terminal import RunProgress, header_lines, progress_writer
 from pytest_apc.results import SCHEMA_PATH
 from pytest_apc.results.rows import AlgoRow, Outcomes, PairRow, ReportData
 
@@ -25,6 +25,7 @@ __all__ = [
     "Outcomes",
     "PairRow",
     "ReportData",
+    "RunProgress",
     "failure_sections",
     "header_lines",
     "progress_writer",

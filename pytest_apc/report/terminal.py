@@ -6,20 +6,24 @@ The tables and the summary render a :class:`ReportView` (row dicts, as results.j
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pytest
 from tabulate import tabulate
 
 from pytest_apc.config import Settings, flag_value, model_path_for_display
 from pytest_apc.measure.provenance import LAYOUT_FLAGS
+from pytest_apc.measure.session import ApcSession
 from pytest_apc.redaction import redact
-from pytest_apc.results.formatting import compact, first_line, num, percent
+from pytest_apc.results.columns import Row, cells
+from pytest_apc.results.formatting import first_line, num, percent
+from pytest_apc.results.rows import AlgoRow, FleetRow, PairRow, TierRow
 from pytest_apc.results.view import ReportView
+from pytest_apc.workload.cases import RunKey
 
+R = TypeVar("R", bound=Row)
 Markup = dict[str, bool]  # keyword arguments of pytest's TerminalWriter.write_line: red, yellow, bold
 
 
@@ -38,8 +42,9 @@ def header_lines(settings: Settings, verbose: bool) -> list[str]:
 
 
 def progress_writer(config: pytest.Config, tr: Any) -> Callable[[str], None]:
-    """Progress lines while servers start and runs measure: shown on a terminal or with -v."""
-    show = tr is not None and (config.get_verbosity() > 0 or getattr(tr, "isatty", lambda: sys.stdout.isatty())())
+    """Progress lines while servers start and runs measure: shown on a terminal and in a CI log alike,
+    not under -q."""
+    show = tr is not None and config.get_verbosity() >= 0
     started = time.monotonic()
 
     capman = config.pluginmanager.getplugin("capturemanager")
@@ -58,75 +63,97 @@ def progress_writer(config: pytest.Config, tr: Any) -> Callable[[str], None]:
     return write
 
 
-def table(rows: list[dict[str, Any]], verbose: bool = False) -> str:
-    """The validation table of pair rows (``ReportData.pair_numbers()``, results.json's ``pairs``, where
-    schema_version 1 also kept the rows of hash-algorithm servers, named e.g. ``E/F xxhash``); fits 120
-    columns, -v adds columns."""
-    body = []
-    for n in rows:
-        line = [
-            n["pair"], n["concurrency"],
-            "yes" if n.get("cache_hit_observed") else ("NO" if n.get("expected_cached_tokens") else "no"),
-            f"{num(n.get('cached_tokens'))}/{num(n.get('expected_cached_tokens'))}", num(n.get("hit_ratio"), ".0%"),
-            f"{num(n.get('median_ttft_off_ms'))}>{num(n.get('median_ttft_on_ms'))}",
-            f"{num(n.get('ttft_speedup'), '.2f')}x/{num(n.get('prefill_bound'), '.3g')}x",
-            f"{compact(n.get('input_throughput_off'))}>{compact(n.get('input_throughput_on'))}",
-            f"{compact(n.get('output_throughput_off'))}>{compact(n.get('output_throughput_on'))}",
-            f"{num(n.get('median_e2el_off_ms'))}>{num(n.get('median_e2el_on_ms'))}",
-            n.get("verdict", "-"),
-        ]  # fmt: skip
-        if verbose:
-            line.insert(7, f"[{num(n.get('ttft_speedup_low'), '.2f')},{num(n.get('ttft_speedup_high'), '.2f')}]")
-        body.append(line)
-    headers = ["pair", "c", "hit", "cached/expected", "ratio", "TTFT ms", "gain/bound", "in tok/s", "out tok/s",
-               "E2E ms", "verdict"]  # fmt: skip
-    if verbose:
-        headers.insert(7, "gain CI")
+# Rows as a session builds them or as results.json stores them (``python -m pytest_apc report``, the docs).
+Rows = Sequence[R | Mapping[str, Any]]
+
+
+def rendered(kind: type[R], rows: Rows[R], verbose: bool = False) -> str:
+    """The terminal table of rows of ``kind``: the columns it declares (-v adds its own)."""
+    typed = kind.typed(rows)
+    headers, body = cells(kind.terminal_columns(typed, verbose), typed)
     return tabulate(body, headers=headers, disable_numparse=True)
 
 
-def algo_table(rows: list[dict[str, Any]]) -> str:
-    """Each hash algorithm against the default one (``ReportData.algo_numbers()``, results.json's
-    ``hash_algos``): same cached tokens, TTFT and duration within tolerance."""
-    body = []
-    for n in rows:
-        body.append([
-            f"{n['case']} {n['hash_algo']}", n["concurrency"],
-            f"{num(n.get('cached_tokens'))}/{num(n.get('default_cached_tokens'))}",
-            f"{num(n.get('median_ttft_default_ms'))}>{num(n.get('median_ttft_ms'))}",
-            f"{num(n.get('ttft_ratio'), '.2f')}x [{num(n.get('ttft_ratio_low'), '.2f')},"
-            f"{num(n.get('ttft_ratio_high'), '.2f')}]",
-            f"{num(n.get('duration_default_s'))}>{num(n.get('duration_s'))}", n.get("verdict", "-"),
-        ])  # fmt: skip
-    headers = ["case algorithm", "c", "cached/default", "TTFT ms default>algo", "TTFT algo/default",
-               "duration s", "verdict"]  # fmt: skip
-    return tabulate(body, headers=headers, disable_numparse=True)
+def duration(seconds: float) -> str:
+    """A rough span of time: ``41 s``, ``6 min``, ``1.5 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 90 * 60 else f"{seconds / 3600:.1f} h"
 
 
-def fleet_verdict(row: Mapping[str, Any]) -> str:
-    """PASS / FAIL / - of a fleet row's ``passed`` (true / false / null)."""
-    passed = row.get("passed")
-    return "-" if passed is None else ("PASS" if passed else "FAIL")
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
-def fleet_requests(row: Mapping[str, Any]) -> str:
-    """Requests per replica, in replica order: ``15+15``."""
-    counts = row.get("requests_per_replica")
-    return "+".join(num(c) for c in counts) if counts else "-"
+class RunProgress:
+    """A progress line as each run starts and ends (the session's ``on_run``): "run i of N", what the run
+    measured or why it failed, and an estimate of the time left from what was measured so far (the mean
+    seconds per run this process measured times the runs left, plus the mean start-up of the servers
+    started times the servers left to start; stopping servers is not counted)."""
+
+    def __init__(self, session: ApcSession, write: Callable[[str], None]) -> None:
+        self.session = session
+        self.write = write
+        self.seconds: list[float] = []  # each run this process measured
+        self.numbers: dict[RunKey, str] = {}  # "run i of N" of each run, fixed when it started
+
+    def __call__(self, key: RunKey, seconds: float | None) -> None:
+        if seconds is None:
+            self.numbers[key] = f"run {len(self._done()) + 1} of {len(self.session.plan.keys)}"
+            self.write(f"{key.mode.name}: {self.numbers[key]}: measuring {key.id}")
+            return
+        self.seconds.append(seconds)
+        number = self.numbers.pop(key, f"run {len(self._done())} of {len(self.session.plan.keys)}")
+        self.write(f"{key.mode.name}: {number}: {key.id} {self._outcome(key, seconds)}; {self._left()}")
+
+    def _done(self) -> set[RunKey]:
+        measured = self.session.measured
+        return {k for k in self.session.plan.keys if k in measured.records or k in measured.errors}
+
+    def _outcome(self, key: RunKey, seconds: float) -> str:
+        measured = self.session.measured
+        record = measured.records.get(key)
+        if record is None:
+            return f"failed after {duration(seconds)}: {first_line(measured.errors.get(key))}"
+        row = record.to_json()
+        hits = row["hits_all_tiers"] if key.family == "offload" else row["prefix_cache_hits"]  # the tiers' too
+        if not key.apc:  # its prediction is the ON partner's; an OFF server hits nothing
+            cached = f"cached {num(hits)} (APC off)"
+        else:
+            cached = f"cached {num(hits)}/{num(record.prediction.expected_hits if record.prediction else None)}"
+        return f"done in {duration(seconds)}: {cached}, TTFT {num(row['median_ttft_ms'])} ms"
+
+    def _left(self) -> str:
+        session = self.session
+        runs = len(session.plan.keys) - len(self._done())
+        if not runs:
+            return "nothing left to measure"
+        servers = len([m for m in session.plan.modes() if m not in session.measured.done_modes])
+        startups = [info.startup_s for info in session.measured.servers.values() if info.startup_s is not None]
+        estimate = sum(self.seconds) / len(self.seconds) * runs
+        if servers and startups:
+            estimate += sum(startups) / len(startups) * servers
+        what = _count(runs, "run") + (f", {_count(servers, 'server start')}" if servers else "")
+        return f"about {duration(estimate)} left ({what})"
 
 
-def fleet_ttft(row: Mapping[str, Any]) -> str:
-    """Median TTFT with its bootstrap interval: ``195 [150..240]`` (``..``: the numbers have thousands commas)."""
-    text = num(row.get("median_ttft_ms"))
-    if row.get("median_ttft_low_ms") is not None:
-        text += f" [{num(row.get('median_ttft_low_ms'))}..{num(row.get('median_ttft_high_ms'))}]"
-    return text
+def table(rows: Rows[PairRow], verbose: bool = False) -> str:
+    """The validation table of pair rows (results.json's ``pairs``, where schema_version 1 also kept the rows
+    of hash-algorithm servers, named e.g. ``E/F xxhash``); fits 120 columns, -v adds columns."""
+    return rendered(PairRow, rows, verbose)
 
 
-def fleet_lead(rows: list[dict[str, Any]]) -> str:
+def algo_table(rows: Rows[AlgoRow]) -> str:
+    """Each hash algorithm against the default one (results.json's ``hash_algos``): same cached tokens, TTFT
+    and duration within tolerance."""
+    return rendered(AlgoRow, rows)
+
+
+def fleet_lead(rows: Rows[FleetRow]) -> str:
     """The line above the fleet table: the concurrency and prefix groups of its runs, and what it compares."""
-    levels = "/".join(str(c) for c in sorted({int(n["concurrency"]) for n in rows}))
-    groups = sorted({int(n["prefix_groups"]) for n in rows})
+    typed = FleetRow.typed(rows)
+    levels = "/".join(str(c) for c in sorted({int(n.concurrency) for n in typed}))
+    groups = sorted({int(n.prefix_groups) for n in typed})
     counted = f"{'/'.join(map(str, groups))} prefix group{'' if groups == [1] else 's'}"
     return (
         f"fleet (case R, c{levels}, {counted}): cold prefills vs ideal (one per group); "
@@ -134,60 +161,35 @@ def fleet_lead(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def fleet_table(rows: list[dict[str, Any]]) -> str:
-    """One row per fleet run (``ReportData.fleet_numbers()``, results.json's ``fleet``): where the requests
-    landed, cold prefills and hits against the ideal, the routing cost, TTFT and output throughput. The
-    concurrency is in :func:`fleet_lead` (and in a row's route where the runs have several)."""
-    several = len({n.get("concurrency") for n in rows}) > 1
-    body = []
-    for n in rows:
-        body.append([
-            f"{n.get('route')} c{n.get('concurrency')}" if several else n.get("route"), num(n.get("replicas")),
-            fleet_requests(n), f"{num(n.get('cold_prefills'))}/{num(n.get('ideal_cold_prefills'))}",
-            f"{num(n.get('hits'))}/{num(n.get('ideal_hits'))}", num(n.get("routing_cost"), ".1%"), fleet_ttft(n),
-            compact(n.get("output_throughput")), fleet_verdict(n),
-        ])  # fmt: skip
-    headers = ["route", "replicas", "requests", "cold/ideal", "hits/ideal", "cost", "TTFT ms [CI]", "out tok/s",
-               "verdict"]  # fmt: skip
-    return tabulate(body, headers=headers, disable_numparse=True)
+def fleet_table(rows: Rows[FleetRow], verbose: bool = False) -> str:
+    """One row per fleet run (results.json's ``fleet``): where the requests landed, cold prefills and hits
+    against the ideal, the routing cost, TTFT and output throughput; -v adds the p90 TTFT. The concurrency
+    is in :func:`fleet_lead` (and in a row's route where the runs have several)."""
+    return rendered(FleetRow, rows, verbose)
 
 
-def offload_lead(rows: list[dict[str, Any]]) -> str:
+def offload_lead(rows: Rows[TierRow]) -> str:
     """The line above the offload table: what its columns compare."""
-    groups = "/".join(str(g) for g in sorted({int(n["prefix_groups"]) for n in rows}))
+    groups = "/".join(str(g) for g in sorted({int(n.prefix_groups) for n in TierRow.typed(rows)}))
     return (
         f"offload (cases N/O, {groups} prefix groups): prompt tokens served by the GPU cache and the CPU tier; "
         "all tiers vs one server's prediction; GPU cache vs the replay of vLLM's block pool (exact at c1)"
     )
 
 
-def offload_table(rows: list[dict[str, Any]]) -> str:
-    """One row per offload run (``ReportData.offload_numbers()``, results.json's ``offload``)."""
-    body = []
-    for n in rows:
-        gib = n.get("tier_gib")
-        tier = "none" if n.get("case") != "O" else (f"CPU {gib:g} GiB" if gib is not None else "CPU")
-        body.append([
-            n.get("case"), n.get("concurrency"), tier, num(n.get("gpu_blocks")), num(n.get("gpu_cache_hits")),
-            num(n.get("tier_hits")), num(n.get("computed_tokens")),
-            f"{num(n.get('hits_all_tiers'))}/{num(n.get('expected_hits'))}", num(n.get("gpu_cache_hits_replayed")),
-            num(n.get("median_ttft_ms")), n.get("verdict", "-"),
-        ])  # fmt: skip
-    headers = ["case", "c", "tier", "GPU blocks", "GPU hits", "tier hits", "computed", "all tiers/predicted",
-               "GPU replayed", "TTFT ms", "verdict"]  # fmt: skip
-    return tabulate(body, headers=headers, disable_numparse=True)
+def offload_table(rows: Rows[TierRow], verbose: bool = False) -> str:
+    """One row per offload run (results.json's ``offload``); -v adds the p90 TTFT."""
+    return rendered(TierRow, rows, verbose)
 
 
-def fleet_lines(view: ReportView) -> list[tuple[str, Markup]]:
+def fleet_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Markup]]:
     """The fleet table, a line per fleet run whose locality could not be told, and, for a results file
     written before the fleet block, the fleet runs it has no table for."""
     lines: list[tuple[str, Markup]] = []
     if view.fleet:
         lines.append((fleet_lead(view.fleet), {}))
-        lines.append((fleet_table(view.fleet), {}))
-        lines += [
-            (f"FLEET {n.get('id')}: {first_line(n['error'])}", {"red": True}) for n in view.fleet if n.get("error")
-        ]
+        lines.append((fleet_table(view.fleet, verbose), {}))
+        lines += [(f"FLEET {n.id}: {first_line(n.error)}", {"red": True}) for n in view.fleet if n.error]
     if view.fleet_without_rows:
         lines.append(
             (
@@ -319,12 +321,12 @@ def summary_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Ma
     if view.pairs:
         lines.append((table(view.pairs, verbose=verbose), {}))
     if view.algos:
-        default = view.algos[0].get("default_hash_algo") or "not reported"
+        default = view.algos[0].default_hash_algo or "not reported"
         lines.append((f"hash algorithms vs the default ({default}): cached tokens must be equal", {}))
         lines.append((algo_table(view.algos), {}))
-    lines += fleet_lines(view)
+    lines += fleet_lines(view, verbose)
     if view.offload:
-        lines += [(offload_lead(view.offload), {}), (offload_table(view.offload), {})]
+        lines += [(offload_lead(view.offload), {}), (offload_table(view.offload, verbose), {})]
     for run_id, error in view.errors:
         lines.append((f"NOT MEASURED {run_id}: {first_line(error)}", {"red": True}))
     lines += [(f"WARNING {line}", {"yellow": True}) for line in view.warnings]

@@ -1,19 +1,26 @@
-"""The rows of the validation tables, computed once per session after the tests ran: OFF/ON pairs,
-hash algorithms against the default, fleet runs (case R, one row per route; no OFF partner), and the
-offload case (one row per run of N and O: what each tier served).
+"""The rows of the report's tables, computed once per session after the tests ran: OFF/ON pairs, hash
+algorithms against the default, fleet runs (case R, one row per route; no OFF partner), and the offload
+case (one row per run of N and O: what each tier served).
 
-Every output (terminal table, Markdown, plots, baseline gate, results.json) reads the same
-:class:`ReportData`, so the bootstrap behind each row runs once.
+Each row is typed and declares its columns once (:mod:`pytest_apc.results.columns`): its stored fields
+are results.json's ``pairs``, ``hash_algos``, ``fleet`` and ``offload`` rows and summary.md's columns; its
+``TERMINAL`` columns are the terminal table's. Every output (terminal tables, summary.md, plots, the
+baseline gate, results.json) reads the same :class:`ReportData`, so the bootstrap behind each row runs
+once, and ``python -m pytest_apc report`` re-reads a file's rows through :meth:`Row.from_json`.
+
+Every kind of row is judged by one rule (:meth:`Outcomes.verdict`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from pytest_apc.config import Settings
 from pytest_apc.measure.records import MeasurementError, RunRecord, tier_hits
+from pytest_apc.results.columns import Column, Row, present, stored
+from pytest_apc.results.formatting import compact, num
 from pytest_apc.verdicts import locality
 from pytest_apc.verdicts.stats import Interval, median_interval, ratio_of_medians
 from pytest_apc.verdicts.verdict import Pair
@@ -27,22 +34,101 @@ class Outcomes:
     verdicts: list[dict[str, Any]] = field(default_factory=list)  # Verdict.to_json() + "test" and "outcome"
     failed_runs: set[str] = field(default_factory=set)  # ids of runs whose test failed before any verdict
 
+    def verdict(self, runs: Collection[str], compared_with: Collection[str] = ()) -> str:
+        """The verdict of a row about ``runs`` (the runs it shows beside them for comparison, whose own
+        verdicts belong to their own rows, are ``compared_with``): FAIL when a verdict about its runs failed
+        or its test did, or a test about its runs failed before any verdict; PASS when verdicts judged them
+        and none failed; "-" when nothing judged them. A verdict is about the row when it names one of
+        ``runs`` and no run beyond ``runs`` and ``compared_with``."""
+        allowed = set(runs) | set(compared_with)
+        results = [
+            bool(v["passed"]) and v.get("outcome") == "passed"
+            for v in self.verdicts
+            if set(v["runs"]) <= allowed and not set(v["runs"]).isdisjoint(runs)
+        ]
+        results += [False for run_id in self.failed_runs if run_id in runs]  # failed before any verdict
+        return "-" if not results else ("PASS" if all(results) else "FAIL")
 
-@dataclass(frozen=True)
-class PairRow:
+
+R = TypeVar("R", bound=Row)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredRow(Row):
+    """A row about measured runs: the runs behind it when a session built it (none when it was read back
+    from a results file), in the order its name gives them."""
+
+    runs: tuple[RunRecord, ...] = field(default=(), compare=False, repr=False)
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    """A ratio's interval: ``[4.90,17.94]``."""
+    return f"[{num(low, '.2f')},{num(high, '.2f')}]"
+
+
+def _from(left: Any, right: Any, sep: str = ">") -> str:
+    """Two numbers of a cell: ``4,351>342``."""
+    return f"{num(left)}{sep}{num(right)}"
+
+
+_pair_p90 = present("p90_ttft_off_ms", "p90_ttft_on_ms")  # written since p90 was stored
+
+
+@dataclass(frozen=True, kw_only=True)
+class PairRow(MeasuredRow):
     """One ON/OFF pair at one concurrency, with everything the validation table shows."""
 
-    off: RunRecord
-    on: RunRecord
-    verdict: str  # PASS / FAIL / -
-    numbers: dict[str, Any]
+    pair: str = stored("pair")
+    concurrency: int = stored("conc")
+    cache_hit_observed: bool = stored("hit?")
+    cached_tokens: int | None = stored("cached tokens")
+    expected_cached_tokens: int | None = stored("expected")
+    hit_ratio: float | None = stored("hit ratio", ".1%")
+    median_ttft_off_ms: float | None = stored("TTFT OFF ms")
+    median_ttft_on_ms: float | None = stored("TTFT ON ms")
+    p90_ttft_off_ms: float | None = stored("p90 TTFT OFF ms", sparse=True)
+    p90_ttft_on_ms: float | None = stored("p90 TTFT ON ms", sparse=True)
+    ttft_speedup: float | None = stored("gain")
+    ttft_speedup_low: float | None = stored("gain CI low")
+    ttft_speedup_high: float | None = stored("gain CI high")
+    prefill_bound: float | None = stored("prefill bound")
+    input_throughput_off: float | None = stored("in tok/s OFF")
+    input_throughput_on: float | None = stored("in tok/s ON")
+    output_throughput_off: float | None = stored("out tok/s OFF")
+    output_throughput_on: float | None = stored("out tok/s ON")
+    median_e2el_off_ms: float | None = stored("E2E OFF ms")
+    median_e2el_on_ms: float | None = stored("E2E ON ms")
+    verdict: str = stored("verdict", default="-")  # PASS / FAIL / -
+
+    # Fits 120 columns; -v adds the p90 TTFT (where the runs have one) and the gain's interval.
+    TERMINAL: ClassVar[tuple[Column[Any], ...]] = (
+        Column("pair", lambda r: r.pair),
+        Column("c", lambda r: r.concurrency),
+        Column("hit", lambda r: "yes" if r.cache_hit_observed else ("NO" if r.expected_cached_tokens else "no")),
+        Column("cached/expected", lambda r: _from(r.cached_tokens, r.expected_cached_tokens, "/")),
+        Column("ratio", lambda r: num(r.hit_ratio, ".0%")),
+        Column("TTFT ms", lambda r: _from(r.median_ttft_off_ms, r.median_ttft_on_ms)),
+        Column("p90 TTFT ms", lambda r: _from(r.p90_ttft_off_ms, r.p90_ttft_on_ms), verbose=True, shown=_pair_p90),
+        Column("gain/bound", lambda r: f"{num(r.ttft_speedup, '.2f')}x/{num(r.prefill_bound, '.3g')}x"),
+        Column("gain CI", lambda r: _interval(r.ttft_speedup_low, r.ttft_speedup_high), verbose=True),
+        Column("in tok/s", lambda r: f"{compact(r.input_throughput_off)}>{compact(r.input_throughput_on)}"),
+        Column("out tok/s", lambda r: f"{compact(r.output_throughput_off)}>{compact(r.output_throughput_on)}"),
+        Column("E2E ms", lambda r: _from(r.median_e2el_off_ms, r.median_e2el_on_ms)),
+        Column("verdict", lambda r: r.verdict),
+    )
 
     @property
     def name(self) -> str:
-        return f"{self.off.key.case}/{self.on.key.case}"
+        return self.pair
 
     @classmethod
-    def build(cls, off: RunRecord, on: RunRecord, verdict: str, settings: Settings) -> PairRow:
+    def from_json(cls: type[R], row: Mapping[str, Any]) -> R:
+        if cls is PairRow and "hash_algo" in row:  # schema_version 1 kept hash-algorithm rows among the pairs
+            return LegacyPairRow.from_json(row)  # type: ignore[return-value]
+        return super().from_json(row)
+
+    @classmethod
+    def build(cls, off: RunRecord, on: RunRecord, outcomes: Outcomes, settings: Settings) -> PairRow:
         speedup: float | None
         low: float | None
         high: float | None
@@ -52,34 +138,74 @@ class PairRow:
         except ValueError:
             speedup = low = high = None
         on_json, off_json = on.to_json(), off.to_json()
-        numbers = {
-            "pair": f"{off.key.case}/{on.key.case}", "concurrency": on.key.concurrency,
-            "cache_hit_observed": bool(on_json["prefix_cache_hits"]), "cached_tokens": on_json["prefix_cache_hits"],
-            "expected_cached_tokens": on.prediction.expected_hits if on.prediction else None,
-            "hit_ratio": on_json["hit_ratio"], "median_ttft_off_ms": off_json["median_ttft_ms"],
-            "median_ttft_on_ms": on_json["median_ttft_ms"], "ttft_speedup": speedup, "ttft_speedup_low": low,
-            "ttft_speedup_high": high,
-            "prefill_bound": on.prediction.prefill_bound if on.prediction else None,
-            "input_throughput_off": off_json["input_throughput"], "input_throughput_on": on_json["input_throughput"],
-            "output_throughput_off": off_json["output_throughput"],
-            "output_throughput_on": on_json["output_throughput"],
-            "median_e2el_off_ms": off_json["median_e2el_ms"], "median_e2el_on_ms": on_json["median_e2el_ms"],
-            "verdict": verdict,
-        }  # fmt: skip
-        return cls(off, on, verdict, numbers)
+        return cls(
+            pair=f"{off.key.case}/{on.key.case}", concurrency=on.key.concurrency,
+            cache_hit_observed=bool(on_json["prefix_cache_hits"]), cached_tokens=on_json["prefix_cache_hits"],
+            expected_cached_tokens=on.prediction.expected_hits if on.prediction else None,
+            hit_ratio=on_json["hit_ratio"], median_ttft_off_ms=off_json["median_ttft_ms"],
+            median_ttft_on_ms=on_json["median_ttft_ms"], p90_ttft_off_ms=off_json["p90_ttft_ms"],
+            p90_ttft_on_ms=on_json["p90_ttft_ms"], ttft_speedup=speedup, ttft_speedup_low=low,
+            ttft_speedup_high=high, prefill_bound=on.prediction.prefill_bound if on.prediction else None,
+            input_throughput_off=off_json["input_throughput"], input_throughput_on=on_json["input_throughput"],
+            output_throughput_off=off_json["output_throughput"], output_throughput_on=on_json["output_throughput"],
+            median_e2el_off_ms=off_json["median_e2el_ms"], median_e2el_on_ms=on_json["median_e2el_ms"],
+            verdict=outcomes.verdict({off.key.id, on.key.id}), runs=(off, on),
+        )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class AlgoRow:
-    """One run on a --apc-hash-algos server next to the same run on the default APC-on server."""
+@dataclass(frozen=True, kw_only=True)
+class LegacyPairRow(PairRow):
+    """A pair row of a schema_version 1 file, which also kept the rows of hash-algorithm servers (named e.g.
+    ``E/F xxhash``) among the pairs, with their algorithm (null for the default's)."""
 
-    default: RunRecord
-    run: RunRecord
-    verdict: str
-    numbers: dict[str, Any]
+    hash_algo: str | None = stored("hash")
 
     @classmethod
-    def build(cls, default: RunRecord, run: RunRecord, verdict: str, settings: Settings) -> AlgoRow:
+    def markdown_columns(cls, rows: Sequence[Any] = ()) -> list[Column[Any]]:
+        columns = super().markdown_columns(rows)
+        return [*columns[:2], columns[-1], *columns[2:-1]]  # the algorithm beside the concurrency
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgoRow(MeasuredRow):
+    """One run on a --apc-hash-algos server next to the same run on the default APC-on server."""
+
+    case: str = stored("case")
+    concurrency: int = stored("conc")
+    hash_algo: str = stored("hash")
+    default_hash_algo: str | None = stored("default hash")
+    cached_tokens: int | None = stored("cached tokens")
+    default_cached_tokens: int | None = stored("default cached tokens")
+    median_ttft_default_ms: float | None = stored("TTFT default ms")
+    median_ttft_ms: float | None = stored("TTFT ms")
+    ttft_ratio: float | None = stored("ratio")
+    ttft_ratio_low: float | None = stored("ratio CI low")
+    ttft_ratio_high: float | None = stored("ratio CI high")
+    duration_default_s: float | None = stored("duration default s")
+    duration_s: float | None = stored("duration s")
+    verdict: str = stored("verdict", default="-")
+
+    # Same cached tokens, TTFT and duration within tolerance.
+    TERMINAL: ClassVar[tuple[Column[Any], ...]] = (
+        Column("case algorithm", lambda r: f"{r.case} {r.hash_algo}"),
+        Column("c", lambda r: r.concurrency),
+        Column("cached/default", lambda r: _from(r.cached_tokens, r.default_cached_tokens, "/")),
+        Column("TTFT ms default>algo", lambda r: _from(r.median_ttft_default_ms, r.median_ttft_ms)),
+        Column(
+            "TTFT algo/default",
+            lambda r: f"{num(r.ttft_ratio, '.2f')}x {_interval(r.ttft_ratio_low, r.ttft_ratio_high)}",
+        ),
+        Column("duration s", lambda r: _from(r.duration_default_s, r.duration_s)),
+        Column("verdict", lambda r: r.verdict),
+    )
+
+    @property
+    def run(self) -> RunRecord:
+        """The run on the algorithm's server (a row a session built)."""
+        return self.runs[0]
+
+    @classmethod
+    def build(cls, default: RunRecord, run: RunRecord, outcomes: Outcomes, settings: Settings) -> AlgoRow:
         try:
             ratio: Interval | None = ratio_of_medians(
                 run.samples_ms(), default.samples_ms(),
@@ -87,31 +213,92 @@ class AlgoRow:
             )  # fmt: skip
         except ValueError:  # no per-request samples: the row shows "-"
             ratio = None
-        numbers = {
-            "case": run.key.case, "concurrency": run.key.concurrency,
-            "hash_algo": run.key.hash_algo, "default_hash_algo": default.server.prefix_caching_hash_algo,
-            "cached_tokens": run.to_json()["prefix_cache_hits"],
-            "default_cached_tokens": default.to_json()["prefix_cache_hits"],
-            "median_ttft_default_ms": default.median_ms(), "median_ttft_ms": run.median_ms(),
-            "ttft_ratio": ratio and ratio.estimate, "ttft_ratio_low": ratio and ratio.low,
-            "ttft_ratio_high": ratio and ratio.high,
-            "duration_default_s": default.duration_s, "duration_s": run.duration_s,
-            "verdict": verdict,
-        }  # fmt: skip
-        return cls(default, run, verdict, numbers)
+        return cls(
+            case=run.key.case, concurrency=run.key.concurrency,
+            hash_algo=str(run.key.hash_algo), default_hash_algo=default.server.prefix_caching_hash_algo,
+            cached_tokens=run.to_json()["prefix_cache_hits"],
+            default_cached_tokens=default.to_json()["prefix_cache_hits"],
+            median_ttft_default_ms=default.median_ms(), median_ttft_ms=run.median_ms(),
+            ttft_ratio=ratio.estimate if ratio else None, ttft_ratio_low=ratio.low if ratio else None,
+            ttft_ratio_high=ratio.high if ratio else None,
+            duration_default_s=default.duration_s, duration_s=run.duration_s,
+            # The algorithm's own verdicts and the comparison; the default run's own belong to its pair.
+            verdict=outcomes.verdict({run.key.id}, compared_with={default.key.id}), runs=(run, default),
+        )  # fmt: skip
 
 
-# The verdicts that judge a fleet run (tests_apc/test_fleet.py): its row's ``passed``.
-FLEET_VERDICTS = ("fleet_accounting", "prefix_locality")
+def _passed(verdict: str) -> bool | None:
+    return {"PASS": True, "FAIL": False}.get(verdict)
 
 
-@dataclass(frozen=True)
-class FleetRow:
+def fleet_requests(counts: Sequence[int] | None) -> str:
+    """Requests per replica, in replica order: ``15+15``."""
+    return "+".join(num(c) for c in counts) if counts else "-"
+
+
+def _verdict_of(passed: bool | None) -> str:
+    return "-" if passed is None else ("PASS" if passed else "FAIL")
+
+
+def several_levels(rows: Sequence[Any]) -> bool:
+    """Whether these rows have more than one concurrency (then a fleet row's label names its own)."""
+    return len({row.concurrency for row in rows}) > 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetRow(MeasuredRow):
     """One fleet run (case R on one route): where its requests landed, its cold prefills against one per
     prefix group, the routing cost, and its latency and throughput. Its locality is the first repeat's."""
 
-    run: RunRecord
-    numbers: dict[str, Any]
+    id: str = stored(None)
+    route: str = stored("route")
+    concurrency: int = stored("conc")
+    replicas: int | None = stored("replicas")
+    prefix_groups: int = stored(None)
+    requests_per_replica: Sequence[int] | None = stored("requests per replica", fleet_requests)
+    cold_prefills: int | None = stored("cold prefills")
+    ideal_cold_prefills: int | None = stored("ideal")
+    hits: int | None = stored("hits")
+    ideal_hits: int | None = stored("ideal hits")
+    extra_prefill_tokens: int | None = stored("extra prefill tokens")
+    routing_cost: float | None = stored("routing cost", ".1%")
+    median_ttft_ms: float | None = stored("TTFT ms")
+    median_ttft_low_ms: float | None = stored("TTFT CI low")
+    median_ttft_high_ms: float | None = stored("TTFT CI high")
+    p90_ttft_ms: float | None = stored("p90 TTFT ms", sparse=True)
+    p99_ttft_ms: float | None = stored("p99 TTFT ms")
+    output_throughput: float | None = stored("out tok/s")
+    request_throughput: float | None = stored("req/s")
+    passed: bool | None = stored("verdict", _verdict_of)  # the row's verdict as true / false / null
+    error: str | None = stored(None)  # why the run's locality could not be told
+
+    # The concurrency is in the line above the table, and in a row's route where the runs have several.
+    TERMINAL: ClassVar[tuple[Column[Any], ...]] = (
+        Column("route", lambda r: f"{r.route} c{r.concurrency}", shown=several_levels),
+        Column("route", lambda r: r.route, shown=lambda rows: not several_levels(rows)),
+        Column("replicas", lambda r: num(r.replicas)),
+        Column("requests", lambda r: fleet_requests(r.requests_per_replica)),
+        Column("cold/ideal", lambda r: _from(r.cold_prefills, r.ideal_cold_prefills, "/")),
+        Column("hits/ideal", lambda r: _from(r.hits, r.ideal_hits, "/")),
+        Column("cost", lambda r: num(r.routing_cost, ".1%")),
+        Column("TTFT ms [CI]", lambda r: r.ttft_text),
+        Column("p90 TTFT ms", lambda r: num(r.p90_ttft_ms), verbose=True, shown=present("p90_ttft_ms")),
+        Column("out tok/s", lambda r: compact(r.output_throughput)),
+        Column("verdict", lambda r: r.verdict),
+    )
+
+    @property
+    def verdict(self) -> str:
+        return _verdict_of(self.passed)
+
+    @property
+    def ttft_text(self) -> str:
+        """Median TTFT with its bootstrap interval: ``195 [150..240]`` (``..``: the numbers have thousands
+        commas)."""
+        text = num(self.median_ttft_ms)
+        if self.median_ttft_low_ms is not None:
+            text += f" [{num(self.median_ttft_low_ms)}..{num(self.median_ttft_high_ms)}]"
+        return text
 
     @classmethod
     def build(cls, run: RunRecord, outcomes: Outcomes, settings: Settings) -> FleetRow:
@@ -129,76 +316,90 @@ class FleetRow:
         except ValueError:  # no per-request samples: the median the benchmark printed, no interval
             ttft = None
         replicas = len(found.replicas) if found else (len(first.parts) or len(run.server.members) or None)
-        numbers: dict[str, Any] = {
-            "id": run.key.id, "route": run.key.route, "concurrency": run.key.concurrency, "replicas": replicas,
-            "prefix_groups": run.workload.prefix_groups,
-            "requests_per_replica": [r.requests for r in found.replicas] if found else None,
-            "cold_prefills": found.cold_prefills if found else None,
-            "ideal_cold_prefills": found.ideal if found else None,
-            "hits": found.hits if found else None,
-            "ideal_hits": found.prediction.expected_hits if found else None,
-            "extra_prefill_tokens": found.extra_prefill_tokens if found else None,
-            "routing_cost": found.routing_cost if found else None,
-            "median_ttft_ms": ttft.estimate if ttft else run.median_ms("ttfts"),
-            "median_ttft_low_ms": ttft and ttft.low, "median_ttft_high_ms": ttft and ttft.high,
-            "p99_ttft_ms": run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
-            "output_throughput": run.per_second("total_output_tokens"),
-            "request_throughput": run.per_second("completed"),
-            "passed": _fleet_passed(outcomes, run.key.id),
-            "error": error,
-        }  # fmt: skip
-        return cls(run, numbers)
+        return cls(
+            id=run.key.id, route=str(run.key.route), concurrency=run.key.concurrency, replicas=replicas,
+            prefix_groups=run.workload.prefix_groups,
+            requests_per_replica=[r.requests for r in found.replicas] if found else None,
+            cold_prefills=found.cold_prefills if found else None,
+            ideal_cold_prefills=found.ideal if found else None,
+            hits=found.hits if found else None,
+            ideal_hits=found.prediction.expected_hits if found else None,
+            extra_prefill_tokens=found.extra_prefill_tokens if found else None,
+            routing_cost=found.routing_cost if found else None,
+            median_ttft_ms=ttft.estimate if ttft else run.median_ms("ttfts"),
+            median_ttft_low_ms=ttft.low if ttft else None, median_ttft_high_ms=ttft.high if ttft else None,
+            p90_ttft_ms=run.percentile_ms("ttfts", 90, "p90_ttft_ms"),
+            p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
+            output_throughput=run.per_second("total_output_tokens"),
+            request_throughput=run.per_second("completed"),
+            passed=_passed(outcomes.verdict({run.key.id})), error=error, runs=(run,),
+        )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class TierRow:
+def _tier(row: TierRow) -> str:
+    if row.case != "O":
+        return "none"
+    return f"CPU {row.tier_gib:g} GiB" if row.tier_gib is not None else "CPU"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierRow(MeasuredRow):
     """One run of the offload case (N: a small GPU cache alone, O: the same with a CPU tier): the prompt
     tokens each tier served and what was computed (the first repeat's by-source counters), against the
     prediction across tiers and the replay of vLLM's block pool for the GPU cache alone."""
 
-    run: RunRecord
-    numbers: dict[str, Any]
+    id: str = stored(None)
+    case: str = stored("case", str)
+    concurrency: int = stored("conc")
+    tier_gib: float | None = stored("tier GiB")
+    gpu_blocks: int | None = stored("GPU blocks")
+    prefix_groups: int = stored(None)
+    input_tokens: int | None = stored("prompt tokens")
+    gpu_cache_hits: int | None = stored("GPU cache hits")
+    tier_hits: int | None = stored("tier hits")
+    computed_tokens: int | None = stored("computed")
+    hits_all_tiers: int | None = stored("hits, all tiers")
+    expected_hits: int | None = stored("predicted")
+    gpu_cache_hits_replayed: int | None = stored("GPU hits replayed")
+    prefix_cache_queries: int | None = stored("queries counted")
+    median_ttft_ms: float | None = stored("TTFT ms")
+    p90_ttft_ms: float | None = stored("p90 TTFT ms", sparse=True)
+    p99_ttft_ms: float | None = stored("p99 TTFT ms")
+    verdict: str = stored("verdict", default="-")
+
+    TERMINAL: ClassVar[tuple[Column[Any], ...]] = (
+        Column("case", lambda r: r.case),
+        Column("c", lambda r: r.concurrency),
+        Column("tier", _tier),
+        Column("GPU blocks", lambda r: num(r.gpu_blocks)),
+        Column("GPU hits", lambda r: num(r.gpu_cache_hits)),
+        Column("tier hits", lambda r: num(r.tier_hits)),
+        Column("computed", lambda r: num(r.computed_tokens)),
+        Column("all tiers/predicted", lambda r: _from(r.hits_all_tiers, r.expected_hits, "/")),
+        Column("GPU replayed", lambda r: num(r.gpu_cache_hits_replayed)),
+        Column("TTFT ms", lambda r: num(r.median_ttft_ms)),
+        Column("p90 TTFT ms", lambda r: num(r.p90_ttft_ms), verbose=True, shown=present("p90_ttft_ms")),
+        Column("verdict", lambda r: r.verdict),
+    )
 
     @classmethod
-    def build(cls, run: RunRecord, outcomes: Outcomes) -> TierRow:
+    def build(cls, run: RunRecord, outcomes: Outcomes, compared_with: Collection[str] = ()) -> TierRow:
         d = run.repeats[0].delta
         sizes = run.server.offload
-        numbers: dict[str, Any] = {
-            "id": run.key.id, "case": run.key.case, "concurrency": run.key.concurrency,
-            "tier_gib": sizes.get("tier_gib") if run.key.case == "O" else None,
-            "gpu_blocks": run.server.num_gpu_blocks, "prefix_groups": run.workload.prefix_groups,
-            "input_tokens": run.bench.get("total_input_tokens"),
-            "gpu_cache_hits": d.cached_tokens if d else None, "tier_hits": d.external_tokens if d else None,
-            "computed_tokens": d.computed_tokens if d else None, "hits_all_tiers": tier_hits(d) if d else None,
-            "expected_hits": run.prediction.expected_hits if run.prediction else None,
-            "gpu_cache_hits_replayed": run.local_hits_predicted,
-            "prefix_cache_queries": d.prefix_cache_queries if d else None,
-            "median_ttft_ms": run.median_ms("ttfts"), "p99_ttft_ms": run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
-            "verdict": _row_verdict(outcomes, {run.key.id}, about=run.key.id),
-        }  # fmt: skip
-        return cls(run, numbers)
-
-
-def _fleet_passed(outcomes: Outcomes, run_id: str) -> bool | None:
-    """Whether the fleet verdicts on this run passed; False too when a test of the run failed before it
-    recorded one (e.g. counters missing); None when nothing judged it."""
-    results = [bool(v["passed"]) for v in outcomes.verdicts if v["name"] in FLEET_VERDICTS and run_id in v["runs"]]
-    if run_id in outcomes.failed_runs:
-        results.append(False)
-    return None if not results else all(results)
-
-
-def _row_verdict(outcomes: Outcomes, runs: set[str], about: str | None = None) -> str:
-    """PASS/FAIL from the verdicts about these runs only (every run they name among ``runs``), or about one
-    run (every verdict naming ``about``); FAIL when one of ``runs`` failed before any verdict; "-" when
-    nothing judged them."""
-    results = [
-        v["passed"] and v.get("outcome") == "passed"
-        for v in outcomes.verdicts
-        if (about in v["runs"] if about else set(v["runs"]) <= runs)
-    ]
-    results += [False for run_id in outcomes.failed_runs if run_id in runs]  # failed before any verdict
-    return "-" if not results else ("PASS" if all(results) else "FAIL")
+        return cls(
+            id=run.key.id, case=run.key.case, concurrency=run.key.concurrency,
+            tier_gib=sizes.get("tier_gib") if run.key.case == "O" else None,
+            gpu_blocks=run.server.num_gpu_blocks, prefix_groups=run.workload.prefix_groups,
+            input_tokens=run.bench.get("total_input_tokens"),
+            gpu_cache_hits=d.cached_tokens if d else None, tier_hits=d.external_tokens if d else None,
+            computed_tokens=d.computed_tokens if d else None, hits_all_tiers=tier_hits(d) if d else None,
+            expected_hits=run.prediction.expected_hits if run.prediction else None,
+            gpu_cache_hits_replayed=run.local_hits_predicted,
+            prefix_cache_queries=d.prefix_cache_queries if d else None,
+            median_ttft_ms=run.median_ms("ttfts"), p90_ttft_ms=run.percentile_ms("ttfts", 90, "p90_ttft_ms"),
+            p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
+            verdict=outcomes.verdict({run.key.id}, compared_with), runs=(run,),
+        )  # fmt: skip
 
 
 def pair_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes, settings: Settings) -> list[PairRow]:
@@ -211,8 +412,7 @@ def pair_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes, settings:
         off = records.get(RunKey(PAIRS[key.case], key.concurrency))
         if off is None:
             continue
-        verdict = _row_verdict(outcomes, {key.id, off.key.id})
-        rows.append(PairRow.build(off, records[key], verdict, settings))
+        rows.append(PairRow.build(off, records[key], outcomes, settings))
     return rows
 
 
@@ -223,9 +423,7 @@ def algo_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes, settings:
         default = records.get(RunKey(key.case, key.concurrency))
         if not key.hash_algo or default is None:
             continue
-        # The algorithm's own verdicts and the comparison; the default run's own verdicts belong to its pair.
-        verdict = _row_verdict(outcomes, {key.id}, about=key.id)
-        rows.append(AlgoRow.build(default, records[key], verdict, settings))
+        rows.append(AlgoRow.build(default, records[key], outcomes, settings))
     return rows
 
 
@@ -236,9 +434,13 @@ def fleet_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes, settings
 
 
 def tier_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes) -> list[TierRow]:
-    """Every run of the offload case, by concurrency, without the tier first."""
+    """Every run of the offload case, by concurrency, without the tier first. Each row is compared with the
+    other tier's run at its concurrency (a verdict comparing the two judges both rows)."""
     keys = sorted((k for k in records if k.family == "offload"), key=lambda k: (k.concurrency, k.case))
-    return [TierRow.build(records[key], outcomes) for key in keys]
+    return [
+        TierRow.build(records[key], outcomes, {k.id for k in keys if k.concurrency == key.concurrency and k != key})
+        for key in keys
+    ]
 
 
 @dataclass(frozen=True)
@@ -262,13 +464,17 @@ class ReportData:
         )
 
     def pair_numbers(self) -> list[dict[str, Any]]:
-        return [row.numbers for row in self.pairs]
+        """results.json's ``pairs``."""
+        return [row.to_json() for row in self.pairs]
 
     def algo_numbers(self) -> list[dict[str, Any]]:
-        return [row.numbers for row in self.algos]
+        """results.json's ``hash_algos``."""
+        return [row.to_json() for row in self.algos]
 
     def fleet_numbers(self) -> list[dict[str, Any]]:
-        return [row.numbers for row in self.fleet]
+        """results.json's ``fleet``."""
+        return [row.to_json() for row in self.fleet]
 
     def offload_numbers(self) -> list[dict[str, Any]]:
-        return [row.numbers for row in self.offload]
+        """results.json's ``offload``."""
+        return [row.to_json() for row in self.offload]

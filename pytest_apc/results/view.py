@@ -9,28 +9,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_apc.results.rows import AlgoRow, FleetRow, PairRow, TierRow
+
 
 @dataclass(frozen=True)
 class ReportView:
-    """The rows and lines of one run's report. Rows are the dicts of ``ReportData.pair_numbers()``,
-    ``algo_numbers()`` and ``fleet_numbers()``, which is what results.json stores as ``pairs``, ``hash_algos``
-    and ``fleet``."""
+    """The rows and lines of one run's report. Its rows are read back from what results.json stores as
+    ``pairs``, ``hash_algos``, ``fleet`` and ``offload`` (``ReportData``'s rows as ``to_json`` wrote them)."""
 
     model: str  # as recorded: a path or a name
     profile: str | None
     servers: list[dict[str, Any]]  # ServerInfo fields, as results.json stores them
     launches: Mapping[str, int]
-    pairs: list[dict[str, Any]]
-    algos: list[dict[str, Any]]
+    pairs: list[PairRow]
+    algos: list[AlgoRow]
     verdicts: list[dict[str, Any]]
     errors: list[tuple[str, str]]  # (run id, why it was not measured), in run order
     warnings: list[str]
     gate: dict[str, Any] = field(default_factory=dict)  # Gate.to_json(), or a results file's "gate"
     results: str = ""  # where the results file is
-    fleet: list[dict[str, Any]] = field(default_factory=list)  # one row per fleet run (schema_version 3)
+    fleet: list[FleetRow] = field(default_factory=list)  # one row per fleet run (schema_version 3)
     # Fleet runs of a file written before the fleet block (schema_version 2): named, without a table.
     fleet_without_rows: list[str] = field(default_factory=list)
-    offload: list[dict[str, Any]] = field(default_factory=list)  # one row per offload run (schema_version 5)
+    offload: list[TierRow] = field(default_factory=list)  # one row per offload run (schema_version 5)
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any], path: str) -> ReportView:
@@ -40,23 +41,23 @@ class ReportView:
             profile=doc.get("profile"),
             servers=[s for s in doc.get("servers") or [] if isinstance(s, dict)],
             launches=doc.get("server_launches") or {},
-            pairs=list(doc.get("pairs") or []),
-            algos=list(doc.get("hash_algos") or []),
+            pairs=PairRow.typed(doc.get("pairs") or []),
+            algos=AlgoRow.typed(doc.get("hash_algos") or []),
             verdicts=list(doc.get("verdicts") or []),
             errors=[(str(run), str(error)) for run, error in (doc.get("errors") or {}).items()],
             warnings=[str(w) for w in doc.get("warnings") or []],
             gate=dict(doc.get("gate") or {}),
             results=path,
-            fleet=list(doc.get("fleet") or []),
+            fleet=FleetRow.typed(doc.get("fleet") or []),
             fleet_without_rows=[] if "fleet" in doc else fleet_run_ids(doc),
-            offload=list(doc.get("offload") or []),
+            offload=TierRow.typed(doc.get("offload") or []),
         )
 
     def cases(self) -> list[str]:
         """The cases of the pair rows (``C/D``, or ``C/D xxhash`` in a schema_version 1 file), R for fleet
         rows and N/O for offload rows, sorted."""
-        cases = {case for row in self.pairs for case in str(row["pair"]).split()[0].split("/")}
-        cases |= {str(row["case"]) for row in self.offload}
+        cases = {case for row in self.pairs for case in str(row.pair).split()[0].split("/")}
+        cases |= {str(row.case) for row in self.offload}
         return sorted(cases | ({"R"} if self.fleet else set()))
 
 
