@@ -1053,3 +1053,14 @@ def test_code_names_in_the_docs_exist() -> None:
                 missing.append(f"{page.name}: {module}.{dotted}")
     assert checked > 20  # the architecture page alone names more
     assert not missing, missing
+
+
+def test_paths_in_the_docs_exist() -> None:
+    """A file or folder of the repository that a page names (`pytest_apc/serving/server.py`) exists: a page
+    that sends a newcomer to a path that moved is worse than none."""
+    missing = []
+    for page in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for match in re.finditer(r"`((?:pytest_apc|tests_apc|tests|scripts)/[A-Za-z0-9_./-]*)`", page.read_text()):
+            if not (REPO / match.group(1)).exists():
+                missing.append(f"{page.name}: {match.group(1)}")
+    assert not missing, missing

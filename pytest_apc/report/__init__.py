@@ -2,9 +2,11 @@
 
 * ``terminal``: header and progress lines, the tables (their rows, ``results.rows``, declare the columns),
   server lines, the terminal summary
-* ``markdown``: ``summary.md``; ``plots``: the PNG plots; ``environment``: where this ran
-* ``gate``: the baseline comparison; ``junit``: JUnit properties; ``failures``: sections below a failure
+* ``markdown``: ``summary.md``; ``plots``: the PNG plots; ``reference``: the configuration reference page
+* ``junit``: JUnit properties; ``failures``: sections below a failure
 * ``controller``: ``ControllerReporter``, which gathers the verdicts and writes every file once
+
+Layer: the top but for ``plugin`` and ``__main__``; may import every layer below (``gate`` and down).
 """
 
 from __future__ import annotations
