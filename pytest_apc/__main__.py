@@ -1,22 +1,27 @@
-"""``python -m pytest_apc``: re-read results files without a server or a pytest run.
+"""``python -m pytest_apc`` and the console script ``pytest-apc``: re-read results files without a server or
+a pytest run, and (``pytest-apc`` only) run the installed suite.
 
 ``report`` prints a results file's validation table as its run printed it; ``compare`` gates one results
 file against another by the rules of ``--apc-baseline``; ``calibrate`` measures the run-to-run noise of
 several results files of one build, the limits it implies, and can store it in a baseline. They render and
 compare through the functions the plugin uses (``report.terminal``, ``report.markdown``, ``report.gate``,
 ``noise``); nothing is recomputed.
-``python -m pytest_apc.measure.bench`` and ``python -m pytest_apc.report.reference`` are separate modules.
+``pytest-apc [PYTEST ARGS]`` is ``pytest --pyargs tests_apc [PYTEST ARGS]``: the suite as the wheel installed it,
+from any folder. ``python -m pytest_apc.measure.bench`` and ``python -m pytest_apc.report.reference`` are
+separate modules.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_apc import __version__
 from pytest_apc.config import SPEC_BY_NAME, default_for
 from pytest_apc.gate import calibration
 from pytest_apc.gate.compare import compare_documents
@@ -26,6 +31,8 @@ from pytest_apc.results.reader import BadResults, Results, read
 from pytest_apc.results.view import ReportView
 
 PROG = "python -m pytest_apc"
+SCRIPT = "pytest-apc"
+SUITE = "tests_apc"
 
 # Exit statuses: what a pipeline branches on.
 OK, GATE_FAILED, USAGE, BAD_INPUT = 0, 1, 2, 3
@@ -56,9 +63,9 @@ def _wrapped(text: str) -> str:
     return textwrap.fill(text, width=100)
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
-        prog=PROG,
+        prog=prog,
         description=_wrapped(
             "Re-read pytest-apc results files (results.json of any schema_version) without a server: print "
             "a run's validation table, or compare two runs by the rules of --apc-baseline."
@@ -66,6 +73,8 @@ def parser() -> argparse.ArgumentParser:
         epilog=EXIT_STATUSES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    top.add_argument("--version", action="version", version=f"pytest-apc {__version__}")
+    top.set_defaults(prog=prog)  # the name error messages start with
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
@@ -86,14 +95,15 @@ def parser() -> argparse.ArgumentParser:
     )
     report.add_argument("results", metavar="RESULTS", type=Path, help="a results.json written by pytest-apc")
     report.add_argument("--markdown", action="store_true", help="print summary.md (GitHub Markdown) instead")
-    report.add_argument("-v", "--verbose", action="store_true", help="add the columns of pytest -v (gain CI)")
+    report.add_argument("-v", "--verbose", action="store_true", help="add the columns of pytest -v (p90 TTFT, gain CI)")
     compare = command(
         "compare",
         "gate a results file against a baseline results file",
         "Compare RESULTS with BASELINE by the rules of --apc-baseline: refused when they were measured under "
         "other conditions (profile, model name, workload settings, seed, block size, GPU model or count, "
         "parallel layout, dtype) or share no run, or when the baseline has too few cold repeats; fails when a "
-        "run's mean TTFT over its repeats rose beyond the limit its noise allows (the baseline's calibration, "
+        "run's mean TTFT (median of the cold repeats: each repeat's mean over its requests, of those the median) "
+        "rose beyond the limit its noise allows (the baseline's calibration, "
         "else the profile's default), or its cached tokens fell. Prints the rule and every compared run "
         "(baseline -> now (limit)). Fleet runs (case R) are not compared.",
     )
@@ -196,7 +206,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     try:  # every file read and every refusal made before anything is printed
         found = calibration.report(docs, repeats, false_alarm, slower, target)
     except calibration.NotCalibratable as err:
-        print(f"{PROG} calibrate: {err}", file=sys.stderr)
+        print(f"{args.prog} calibrate: {err}", file=sys.stderr)
         return USAGE
     for line in found.lines:
         print(line)
@@ -211,14 +221,43 @@ def _calibrate(args: argparse.Namespace) -> int:
 COMMANDS = {"report": _report, "compare": _compare, "calibrate": _calibrate}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; return its exit status (argparse exits 2 itself on a usage error)."""
-    args = parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """Run one command; return its exit status (argparse exits 2 itself on a usage error, 0 on --version)."""
+    args = parser(prog).parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except BadResults as err:
-        print(f"{PROG} {args.command}: {err}", file=sys.stderr)
+        print(f"{args.prog} {args.command}: {err}", file=sys.stderr)
         return BAD_INPUT
+
+
+SCRIPT_HELP = f"""usage: {SCRIPT} [PYTEST ARGS]
+         the installed suite, from any folder: pytest --pyargs {SUITE} [PYTEST ARGS]
+       {SCRIPT} {{{",".join(COMMANDS)}}} ...
+         the commands of {PROG} ({SCRIPT} COMMAND -h)
+       {SCRIPT} --version
+pytest's help follows; the suite's options are in its group "vLLM automatic prefix caching validation".
+"""
+
+
+def suite_command(args: Sequence[str]) -> list[str]:
+    """The pytest command ``pytest-apc ARGS`` runs: the installed suite, unless ARGS name a part of it
+    (``tests_apc.test_pure``, ``tests_apc.test_pure::test_x``), which --pyargs then resolves."""
+    named = any(arg == SUITE or arg.startswith((f"{SUITE}.", f"{SUITE}::")) for arg in args)
+    return [sys.executable, "-m", "pytest", "--pyargs", *([] if named else [SUITE]), *args]
+
+
+def console(argv: Sequence[str] | None = None) -> int:
+    """``pytest-apc``: a command of ``python -m pytest_apc`` when the first argument names one (or is
+    --version), else pytest on the installed suite. pytest replaces this process rather than running in it,
+    so that it imports (and rewrites the asserts of) the plugin itself, exactly as ``python -m pytest`` does."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] and (args[0] in COMMANDS or args[0] == "--version"):
+        return main(args, prog=SCRIPT)
+    if "-h" in args or "--help" in args:
+        print(SCRIPT_HELP, flush=True)
+    command = suite_command(args)
+    os.execv(command[0], command)
 
 
 if __name__ == "__main__":

@@ -474,8 +474,9 @@ class Settings:
         "",
         (
             "A results.json of an earlier run to compare with (a build you trust, on the same kind of node): a run "
-            "whose mean TTFT over its cold repeats rose beyond the noise the baseline's calibration (or the "
-            "profile's default) allows, or whose cached tokens fell, fails the session"
+            "whose mean TTFT (median of the cold repeats: each repeat's mean TTFT over its requests, and of those "
+            "the median) rose beyond the noise the baseline's calibration (or the profile's default) allows, or "
+            "whose cached tokens fell, fails the session"
         ),
         "PATH",
     )
@@ -609,7 +610,7 @@ class Settings:
     router_command: tuple[str, ...] = setting(
         _args,
         ("vllm-router",),
-        "Fleet tests: command that starts vllm-router (pip install 'pytest-apc[fleet]')",
+        "Fleet tests: command that starts vllm-router (the fleet extra; pip install 'vllm-router>=0.1.17')",
         "CMD",
         family="fleet",
     )

@@ -438,3 +438,66 @@ def test_the_other_modules_still_run_as_scripts() -> None:
                             env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     assert result.returncode == 0
     assert result.stdout == (REPO / "docs" / "configuration.md").read_text()
+
+
+def _console(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """The console script ``pytest-apc`` as its entry point runs it (the wheel's tests run the installed one)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
+    env["PYTHONPATH"] = str(REPO)
+    script = "import sys; from pytest_apc.__main__ import console; sys.exit(console())"
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=300)  # fmt: skip
+
+
+def test_version_prints_the_package_version_and_exits_0() -> None:
+    from pytest_apc import __version__
+
+    for result in (_run("--version"), _console("--version")):
+        assert (result.returncode, result.stdout, result.stderr) == (0, f"pytest-apc {__version__}\n", "")
+
+
+def test_the_console_script_runs_the_commands_under_its_own_name(tmp_path: Path) -> None:
+    script, module = _console("report", str(H200)), _run("report", str(H200))
+    assert script.returncode == module.returncode == 0
+    assert script.stdout == module.stdout
+    missing = tmp_path / "nope.json"
+    failed = _console("compare", str(H200), str(missing))
+    assert failed.returncode == 3
+    assert failed.stderr.startswith(f"pytest-apc compare: cannot read results file {missing}: ")
+    usage = _console("calibrate")
+    assert usage.returncode == 2
+    assert "usage: pytest-apc calibrate" in usage.stderr
+
+
+def _collected(result: subprocess.CompletedProcess[str]) -> list[str]:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [line for line in result.stdout.splitlines() if "::" in line]
+
+
+def test_the_console_script_runs_the_installed_suite_from_any_folder(tmp_path: Path) -> None:
+    """``pytest-apc ARGS`` is ``pytest --pyargs tests_apc ARGS``: the same tests, pytest's exit status."""
+    collect = ("--collect-only", "-q", "--cpu-node", "-p", "no:cacheprovider")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    pyargs = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "tests_apc", "-m", "pure", *collect],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)  # fmt: skip
+    ids = _collected(_console("-m", "pure", *collect, cwd=tmp_path))
+    assert ids == _collected(pyargs)
+    assert ids
+    assert all(i.startswith("test_pure.py::") for i in ids)
+    # A module of the suite named on the command line is what runs, not the whole suite beside it.
+    every = _collected(_console(*collect, cwd=tmp_path))
+    overhead = _collected(_console("tests_apc.test_overhead", *collect, cwd=tmp_path))
+    assert overhead
+    assert [i.partition("::")[2] for i in overhead] == [
+        i.partition("::")[2] for i in every if i.startswith("test_overhead.py::")
+    ]
+    assert _console("-m", "no_such_marker", *collect, cwd=tmp_path).returncode == 5  # pytest's: no tests ran
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_console_scripts_help_names_its_forms_then_pytests() -> None:
+    result = _console("--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: pytest-apc [PYTEST ARGS]\n")
+    assert "pytest-apc {report,compare,calibrate} ..." in result.stdout
+    assert "--apc-baseline=PATH" in result.stdout  # pytest's help, with the plugin's options

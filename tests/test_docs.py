@@ -1064,3 +1064,53 @@ def test_paths_in_the_docs_exist() -> None:
             if not (REPO / match.group(1)).exists():
                 missing.append(f"{page.name}: {match.group(1)}")
     assert not missing, missing
+
+
+def test_the_schema_version_the_docs_name_is_the_one_written() -> None:
+    """The results page names the version a run writes, the versions every reader accepts and one table row
+    per version; troubleshooting quotes the reader's message with every version it reads."""
+    from pytest_apc.results.document import SCHEMA_VERSION, SCHEMA_VERSIONS
+
+    page = _flat((DOCS / "results.md").read_text())
+    assert f"(`schema_version` {SCHEMA_VERSION}, see [schema versions](#schema-versions))" in page
+    assert f"Any `results.json` of `schema_version` 1 to {SCHEMA_VERSION} is read as a baseline" in page
+    assert tuple(range(1, SCHEMA_VERSION + 1)) == SCHEMA_VERSIONS
+    table = (DOCS / "results.md").read_text().split("### Schema versions", 1)[1]
+    rows = [int(n) for n in re.findall(r"^\| (\d+) \|", table.split("\n\n", 2)[1], flags=re.MULTILINE)]
+    assert rows == list(reversed(SCHEMA_VERSIONS)), "docs/results.md#schema-versions needs a row per version"
+    known = ", ".join(map(str, SCHEMA_VERSIONS))
+    assert f"this pytest-apc reads {known}\n" in (DOCS / "troubleshooting.md").read_text()
+
+
+# "`--apc-X` (default V", "`--apc-X`, default V", "`--apc-X` cold repeats (default V": the default a page states
+# (V up to the end of its clause; a list in backticks whole).
+STATED_DEFAULT = re.compile(
+    r"`(--apc-[a-z-]+)[^`]*`(?: [a-z]+){0,4},? \(?default:? ((?:`[^`]*`|[^);:.,`]|\.(?=\d)|, (?=`))+)"
+)
+
+
+def _default_words(value: object) -> set[str]:
+    items = value if isinstance(value, tuple) else (value,)
+    return {f"{float(item):g}" if isinstance(item, (int, float)) else str(item) for item in items}
+
+
+def _stated_words(text: str) -> set[str]:
+    words = set(re.findall(r"[\w.]+%?", text.replace("`", ""))) - {"and"}
+    return {f"{float(w[:-1]) / 100:g}" if w.endswith("%") else f"{float(w):g}" if re.fullmatch(r"[\d.]+", w) else w
+            for w in words}  # fmt: skip
+
+
+def test_defaults_stated_in_the_docs_are_the_options_defaults() -> None:
+    from pytest_apc.config import PROFILES, SPEC_BY_NAME, default_for
+
+    by_option = {spec.option: name for name, spec in SPEC_BY_NAME.items()}
+    stated = 0
+    for page in [REPO / "README.md", *DOCS.glob("*.md")]:
+        for option, text in STATED_DEFAULT.findall(_flat(page.read_text())):
+            if text.startswith("the "):  # a default that is another setting ("default: the model")
+                continue
+            name = by_option[option]
+            defaults = [_default_words(default_for(name, profile)) for profile in (None, *PROFILES)]
+            assert _stated_words(text) in defaults, f"{page.name}: {option} (default {text}); the code: {defaults}"
+            stated += 1
+    assert stated >= 10  # the pattern still finds the pages' statements

@@ -414,10 +414,10 @@ def router(tmp_path: Path, command: list[str], extra: tuple[str, ...] = ()) -> R
     )  # fmt: skip
 
 
-def test_a_missing_router_names_the_extra_that_installs_it(tmp_path) -> None:
+def test_a_missing_router_names_the_requirement_that_installs_it(tmp_path) -> None:
     missing = router(tmp_path, ["/nonexistent/vllm-router"]).missing()
     assert missing is not None
-    assert "('/nonexistent/vllm-router'), which is not installed: pip install 'pytest-apc[fleet]'" in missing
+    assert "('/nonexistent/vllm-router'), which is not installed: pip install 'vllm-router>=0.1.17'" in missing
     assert "--apc-fleet-url" in missing
     bare = router(tmp_path, ["no-such-router-here"])
     assert bare.missing() is not None

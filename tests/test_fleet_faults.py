@@ -73,7 +73,7 @@ def test_missing_router_errors_every_fleet_test_at_once_naming_the_extra(tmp_pat
     assert time.monotonic() - started < 60
     errored_all(inner.output)
     assert "the fleet tests start vllm-router ('/nonexistent/vllm-router'), which is not installed" in inner.output
-    assert "pip install 'pytest-apc[fleet]'" in inner.output
+    assert "pip install 'vllm-router>=0.1.17'" in inner.output
     assert not list(tmp_path.glob("apc-results/*/server-*-r1.log")), "replicas were launched without a router"
 
 

@@ -5,6 +5,7 @@ build comes from. The probe "can pip resolve torch==2.13.0+cpu" is replaced by a
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -138,3 +139,27 @@ def test_install_script_uses_the_helper_and_the_exact_pin() -> None:
     assert '"$APC_TORCH_SPEC"' in script
     assert 'torch==2.13.0"' not in script  # never the bare version, which PyPI serves as a CUDA build
     assert 'APC_TORCH_SPEC="torch==2.13.0+cpu"' in HELPER.read_text()
+
+
+def test_the_missing_router_message_names_what_the_fleet_extra_installs() -> None:
+    """pytest-apc is on no index, so the message says `pip install <vllm-router requirement>`: the extra's own."""
+    tomllib = pytest.importorskip("tomllib")
+    from pytest_apc.serving.router import ROUTER_EXTRA, ROUTER_REQUIREMENT
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["optional-dependencies"]["fleet"] == [ROUTER_REQUIREMENT]
+    assert ROUTER_REQUIREMENT in ROUTER_EXTRA
+    for page in [REPO / "README.md", *(REPO / "docs").glob("*.md")]:  # the docs quote the same pin
+        assert set(re.findall(r"vllm-router[<>=]=?[\d.]+", page.read_text())) <= {ROUTER_REQUIREMENT}, page.name
+
+
+def test_the_project_ships_the_apache_license_and_its_console_script() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"]
+    text = (REPO / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
+    assert "END OF TERMS AND CONDITIONS" in text
+    assert len(text.splitlines()) == 202  # the full text of apache.org/licenses/LICENSE-2.0.txt, appendix included
+    assert project["scripts"] == {"pytest-apc": "pytest_apc.__main__:console"}

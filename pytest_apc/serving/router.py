@@ -13,7 +13,10 @@ import requests
 from pytest_apc.serving.executor import Executor, free_port
 from pytest_apc.serving.server import ServerError
 
-ROUTER_EXTRA = "pip install 'pytest-apc[fleet]'"  # or: pip install vllm-router
+# What the `fleet` extra installs (pyproject.toml; a test keeps the two alike): pytest-apc is on no package index,
+# so the message names the router itself.
+ROUTER_REQUIREMENT = "vllm-router>=0.1.17"
+ROUTER_EXTRA = f"pip install '{ROUTER_REQUIREMENT}'"
 
 
 class RouterError(ServerError):
