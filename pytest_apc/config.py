@@ -312,8 +312,9 @@ class Settings:
         "",
         (
             "Serve a known architecture shape with random weights instead of a model (llama-3.1-8b, "
-            "llama-3.1-70b): a generated config and tokenizer, vLLM's --load-format dummy. For validating a node or "
-            "a vLLM build before weights are staged; answers are noise, APC and timing are real"
+            "llama-3.1-70b): a generated config and tokenizer, --load-format pytest_apc_dummy (vLLM's dummy weights, "
+            "redrawn so that answers depend on the prompt). For validating a node or a vLLM build before weights "
+            "are staged; answers are random text but each prompt's own, APC and timing are real"
         ),
         "SHAPE",
     )
@@ -739,6 +740,35 @@ class Settings:
         ),
         "GIB",
         family="offload",
+    )
+    # -- answers: is a cached answer the answer computed without the cache? --------------------------------
+    answers_probes: int = setting(
+        _positive_int,
+        8,
+        (
+            "Answers: prompts of each run sent again after its last repeat, one at a time and greedy, with top-k "
+            "logprobs: on an APC-on server plain (served from the cache the run left) and with a cache_salt of "
+            "their own (computed without it); same_answers compares them, and with the APC-off twin's"
+        ),
+        "N",
+        cpu=4,
+    )
+    answers_tokens: int = setting(
+        _positive_int,
+        32,
+        "Answers: tokens each probed answer generates (a wrong cache shows within the first few)",
+        "TOKENS",
+        cpu=16,
+    )
+    answers_top_k: int = setting(
+        number(int, low=1, high=20),
+        5,
+        (
+            "Answers: two answers that part at a token still agree when each one's token is among the other's "
+            "top-k there (a near tie that floating-point noise may break either way, vLLM's own rule); the "
+            "comparison stops at that token"
+        ),
+        "K",
     )
 
     @property

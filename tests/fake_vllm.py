@@ -168,6 +168,23 @@ def chat_tokens(messages: list[Any]) -> list[int]:
     return HEADER_TOKENS + tokenize_text(message_text(messages)) + FOOTER_TOKENS
 
 
+def answer_logprobs(prompt: list[int], max_tokens: int, top: int) -> dict[str, Any]:
+    """A greedy answer that depends on the whole prompt, with ``top`` logprobs per token (tokens as ids)."""
+    seed = sum((i + 1) * t for i, t in enumerate(prompt))
+    tokens = [(seed + 7919 * i) % 4096 for i in range(max_tokens)]
+    content = []
+    for token in tokens:
+        others = [{"token": f"token_id:{(token + k) % 4096}", "logprob": -1.0 - k} for k in range(1, top)]
+        content.append(
+            {
+                "token": f"token_id:{token}",
+                "logprob": -0.1,
+                "top_logprobs": [{"token": f"token_id:{token}", "logprob": -0.1}, *others],
+            }
+        )
+    return {"content": content}
+
+
 class Engine:
     """Counters and the prefix-cache model; every method takes the lock (the server is threaded)."""
 
@@ -477,6 +494,8 @@ class Handler(BaseHTTPRequestHandler):
                 done = max_tokens
                 message = {"role": "assistant", "content": " tok" * max_tokens}
                 choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
+                if body.get("logprobs"):  # the answers probe: an answer of the prompt's own, as token ids
+                    choice["logprobs"] = answer_logprobs(prompt, max_tokens, int(body.get("top_logprobs") or 1))
                 reply = {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
                 self.send_json(200, reply)
             else:

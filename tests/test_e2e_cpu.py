@@ -47,8 +47,25 @@ def test_one_launch_per_mode(full_run) -> None:
 def test_every_verdict_recorded_and_passed(full_run) -> None:
     _, data = full_run
     names = {v["name"] for v in data["verdicts"]}
-    assert names == {"apc_really_off", "cached_tokens_match", "prefill_saved", "ttft_gain", "not_slower"}
+    assert names == {
+        "apc_really_off", "cached_tokens_match", "prefill_saved", "ttft_gain", "not_slower", "same_answers",
+    }  # fmt: skip
     assert all(v["passed"] for v in data["verdicts"])
+
+
+def test_answers_compared_in_every_pair_and_the_models_answers_depend_on_the_prompt(full_run) -> None:
+    """Every ON run's probed cached answers agree with its uncached ones and its OFF twin's (4 probes, two
+    comparisons each), and the benchmark's own 30 answers to C's prompts, which share a 2K prefix and differ
+    in a 64-token suffix, are (nearly) all different: answers that could not show a wrong cache would be one."""
+    _, data = full_run
+    for pair in data["pairs"]:
+        assert pair["answers"] == "8/8", pair
+    runs = {r["id"]: r for r in data["runs"]}
+    assert len(runs["D-c8"]["answers"]["probes"]) == 4
+    assert all(p["cached"] for p in runs["D-c8"]["answers"]["probes"])
+    assert all(p["cached"] is None for p in runs["C-c8"]["answers"]["probes"])
+    texts = json.loads(Path(runs["C-c8"]["bench_result_file"]).read_text())["generated_texts"]
+    assert len(set(texts)) >= 25, texts
 
 
 def test_hits_do_not_depend_on_concurrency(full_run) -> None:
@@ -276,6 +293,7 @@ def test_hash_algorithms_cache_the_same_blocks(tmp_path) -> None:
     for row in rows.values():
         assert row["cached_tokens"] == row["default_cached_tokens"]
         assert row["default_hash_algo"] == "sha256"
+        assert row["answers"] == "4/4"  # cached against uncached on the algorithm's server
         assert row["verdict"] == "PASS"
     assert "hash algorithms vs the default (sha256)" in inner.output
     assert "Hash algorithms against the default" in Path(data["files"]["markdown"]).read_text()

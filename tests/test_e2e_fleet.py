@@ -51,9 +51,10 @@ def test_fleet_suite_passes(fleet_run) -> None:
     assert data["server_launches"] == {"apc-on-fleet-router": 1, "apc-on-fleet-dp": 1}
     names = {(v["name"], tuple(v["runs"])) for v in data["verdicts"]}
     for route in ("round_robin", "consistent_hash", "dp"):
-        for name in ("fleet_accounting", "prefix_locality"):
+        for name in ("fleet_accounting", "prefix_locality", "same_answers"):
             assert (name, (f"R-c8-{route}",)) in names
     assert all(v["passed"] for v in data["verdicts"])
+    assert {row["answers"] for row in data["fleet"]} == {"4/4"}
 
 
 def test_round_robin_splits_the_group_across_both_replicas(fleet_run) -> None:

@@ -196,9 +196,9 @@ def test_the_gates_settings_are_unused_without_a_baseline_or_a_run_to_gate(apc_s
     )
     assert _session_warnings(reprec) == [
         f"--apc-baseline {b} (option --apc-baseline): no selected test measures a single-server run, so the gate "
-        "has no run to compare (35 tests would; -m 'fleet' deselected them)",
+        "has no run to compare (47 tests would; -m 'fleet' deselected them)",
         "--apc-baseline-false-alarm 0.05 (option --apc-baseline-false-alarm): no selected test measures a "
-        "single-server run, so the gate has no run to compare (35 tests would; -m 'fleet' deselected them)",
+        "single-server run, so the gate has no run to compare (47 tests would; -m 'fleet' deselected them)",
     ]
     reprec = apc_suite.inline_run("--collect-only", "-m", "pure", "--cpu-node", "--apc-baseline-repeats=5")
     assert _session_warnings(reprec) == [
@@ -453,6 +453,6 @@ def test_under_xdist_a_baseline_without_enough_repeats_fails_every_run_before_a_
     refusal = f"baseline {b} has 5 cold repeats of C-c8, D-c8; the gate needs 6 or more"
     result.stdout.fnmatch_lines([f"NOT MEASURED C-c8: run C-c8 was not measured: {refusal}*",
                                  f"NOT MEASURED D-c8: run D-c8 was not measured: {refusal}*"])  # fmt: skip
-    assert result.parseoutcomes()["errors"] == 3
+    assert result.parseoutcomes()["errors"] == 4
     (written,) = apc_suite.path.glob("res/*/results.json")
     assert json.loads(written.read_text())["server_launches"] == {}

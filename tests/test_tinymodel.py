@@ -55,3 +55,34 @@ def test_a_shape_models_name_does_not_follow_the_cpu_models_weights(monkeypatch:
 def test_unknown_shape() -> None:
     with pytest.raises(ValueError, match="unknown model shape 'gpt-5'"):
         tinymodel.ensure_shape_model("gpt-5")
+
+
+def test_the_tiny_models_answers_depend_on_the_whole_prompt(cache: Path) -> None:
+    """A model that answers every prompt alike cannot show a cache that serves wrong content: the tiny
+    model's greedy answers differ between prompts that share a prefix, and change when one token far back
+    in the prefix changes (transformers on the generated files)."""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tinymodel.ensure_tiny_model(cache)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    rng = random.Random(0)
+
+    def answer(ids: list[int]) -> tuple[int, ...]:
+        prompt = tok.apply_chat_template([{"role": "user", "content": tok.decode(ids)}], add_generation_prompt=True)
+        prompt = prompt if isinstance(prompt, list) else prompt["input_ids"]
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
+        return tuple(out[0, len(prompt) :].tolist())
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(10, tinymodel.VOCAB_SIZE) for _ in range(n)]
+
+    prefix = tokens(256)
+    answers = [answer(prefix + tokens(32)) for _ in range(6)]
+    assert len(set(answers)) >= 5, answers
+    suffix = tokens(32)
+    base = answer(prefix + suffix)
+    assert answer([*prefix[:10], (prefix[10] + 7) % 4000 + 10, *prefix[11:], *suffix]) != base

@@ -23,3 +23,10 @@ def test_fleet_accounting(apc_run, apc_assert):
 def test_prefix_locality(apc_run, apc_settings, apc_assert):
     """Cold prefills against one per prefix group and against the route's promise; the routing cost."""
     apc_assert(verdicts.prefix_locality(apc_run, apc_settings))
+
+
+@pytest.mark.apc_cases("R", fleet=True)
+def test_same_answers(apc_run, apc_assert):
+    """Through the router, answers served from a replica's cache agree with the same prompts' answers
+    computed without it (a cache_salt of their own)."""
+    apc_assert(verdicts.same_answers(apc_run))

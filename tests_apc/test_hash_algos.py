@@ -22,3 +22,10 @@ def test_cached_tokens(apc_run, apc_assert):
 def test_same_as_default(apc_run, apc_default_run, apc_settings, apc_assert):
     """Same cached tokens as the default algorithm, TTFT and duration within tolerance."""
     apc_assert(verdicts.same_as_default(apc_run, apc_default_run, apc_settings))
+
+
+@pytest.mark.apc_cases("BDF", hash_algos=True)
+def test_same_answers(apc_run, apc_assert):
+    """Under each hash algorithm, answers served from the cache agree with the same prompts' answers
+    computed without it (a cache_salt of their own) on the same server."""
+    apc_assert(verdicts.same_answers(apc_run))

@@ -31,3 +31,10 @@ def test_eviction_predicted(apc_run, apc_assert):
     """At concurrency 1 the GPU cache's own hits are a replay of vLLM's block pool (LRU, tail first) over
     the requests in the order they were sent."""
     apc_assert(verdicts.eviction_predicted(apc_run))
+
+
+@pytest.mark.apc_cases("O")
+def test_same_answers(apc_pair, apc_assert):
+    """Answers served through the tier (blocks loaded back from CPU memory) agree with the same prompts'
+    answers without any cache, and with the no-tier server's."""
+    apc_assert(verdicts.same_answers(apc_pair))

@@ -27,3 +27,9 @@ def test_cached_tokens(apc_run, apc_assert):
 def test_apc_overhead(apc_pair, apc_assert):
     """A ~ B: APC on is not slower than off beyond --apc-overhead-tolerance (TTFT interval, duration)."""
     apc_assert(verdicts.not_slower(apc_pair))
+
+
+@pytest.mark.apc_cases("B")
+def test_same_answers(apc_pair, apc_assert):
+    """B's answers served from its cache agree with the same prompts' answers without it, and with A's."""
+    apc_assert(verdicts.same_answers(apc_pair))

@@ -28,3 +28,10 @@ def test_pure_apc(apc_pair, apc_assert):
     (up to --apc-pure-gain-concurrency; every level on a GPU node)."""
     apc_assert(verdicts.prefill_saved(apc_pair))
     apc_assert(verdicts.pure_effect(apc_pair))
+
+
+@pytest.mark.apc_cases("D")
+def test_same_answers(apc_pair, apc_assert):
+    """D's answers served from its cache agree with the same prompts' answers without it, and with C's
+    (identical, or parting only at a near tie: each token in the other's top-k)."""
+    apc_assert(verdicts.same_answers(apc_pair))

@@ -28,3 +28,9 @@ def test_rag_apc(apc_pair, apc_assert):
     """F computes about half of E's prefill; at high concurrency it must not be slower (TTFT is queueing)."""
     apc_assert(verdicts.prefill_saved(apc_pair))
     apc_assert(verdicts.rag_effect(apc_pair))
+
+
+@pytest.mark.apc_cases("F")
+def test_same_answers(apc_pair, apc_assert):
+    """F's answers served from its cache agree with the same prompts' answers without it, and with E's."""
+    apc_assert(verdicts.same_answers(apc_pair))

@@ -35,3 +35,9 @@ def test_rag_apc(apc_pair, apc_assert):
     """Agent/RAG: a significant TTFT gain at low concurrency, never slower above it."""
     apc_assert(verdicts.prefill_saved(apc_pair))
     apc_assert(verdicts.rag_effect(apc_pair))
+
+
+@pytest.mark.apc_cases("DF", sweep=True)
+def test_same_answers(apc_pair, apc_assert):
+    """At every concurrency, answers served from the cache agree with the OFF twin's and the uncached ones."""
+    apc_assert(verdicts.same_answers(apc_pair))

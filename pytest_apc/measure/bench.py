@@ -179,15 +179,18 @@ class BenchRunner:
         log_path: Path,
         timeout: float,
         watch: Callable[[], str | None] = lambda: None,
+        prompts_path: Path | None = None,
     ) -> BenchOutcome:
         """One benchmark; ``watch`` is asked about every second why it should stop now (a dead server):
-        then the benchmark is killed at once instead of waiting for its timeout."""
+        then the benchmark is killed at once instead of waiting for its timeout. ``prompts_path``: where
+        the worker writes the prompts it sent, in sending order (JSON)."""
         command = reproduce_command(argv, api_key="OPENAI_API_KEY" in self.env)
         started = time.monotonic()
         self.prewarm()
         self._count += 1
         status = self.work_dir / f"status-{self._count}.json"
-        self._send({"argv": argv, "log": str(log_path), "status": str(status)}, command)
+        request = {"argv": argv, "log": str(log_path), "status": str(status)}
+        self._send({**request, "prompts": str(prompts_path) if prompts_path else None}, command)
         watched = time.monotonic()
 
         def answered() -> bool:
@@ -286,7 +289,8 @@ def prompt_groups(prompts: list[str]) -> list[int]:
 
 def _memoize_prompts(sent: dict[str, Any]) -> None:
     """Reuse generated prompts across runs whose dataset arguments are identical; keep the last run's
-    prefix groups in ``sent`` (the eviction prediction replays them in this order)."""
+    prefix groups (the eviction prediction replays them in this order) and its prompts (the answers probe
+    sends some again) in ``sent``."""
     import vllm.benchmarks.serve as serve
 
     original = serve.get_samples
@@ -299,6 +303,7 @@ def _memoize_prompts(sent: dict[str, Any]) -> None:
         samples = list(cache[key])
         is_groups = getattr(args, "dataset_name", "") == "prefix_repetition"
         sent["prompt_groups"] = prompt_groups([str(s.prompt) for s in samples]) if is_groups else []
+        sent["prompts"] = [s.prompt for s in samples]
         return samples
 
     serve.get_samples = get_samples
@@ -331,6 +336,8 @@ def _worker() -> int:
                 os.dup2(saved_out, 1)
                 os.dup2(saved_err, 2)
         reply["prompt_groups"] = sent.get("prompt_groups", [])
+        if request.get("prompts") and "prompts" in sent:  # the answers probe sends some of them again
+            Path(request["prompts"]).write_text(json.dumps(sent["prompts"]))
         tmp = request["status"] + ".tmp"
         Path(tmp).write_text(json.dumps(reply))
         os.replace(tmp, request["status"])

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from pytest_apc.measure.answers import Probe
 from pytest_apc.serving import metrics
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.workload.cases import Prediction, RunKey, ServerMode, Workload
@@ -88,6 +89,10 @@ class RunRecord:
     # The offload case: local hits of a replay of vLLM's block pool over the requests as sent (eviction.py);
     # exact at concurrency 1.
     local_hits_predicted: int | None = None
+    # The answers probe after the last repeat (answers.py): a few prompts' answers with and without the
+    # cache; ``probe_error`` says why there are none.
+    probes: list[Probe] = field(default_factory=list)
+    probe_error: str | None = None
 
     @property
     def bench(self) -> dict[str, Any]:
@@ -211,6 +216,7 @@ class RunRecord:
                 for r in self.repeats
             ],
             **({"route": self.key.route, "prefix_groups": self.workload.prefix_groups} if self.key.route else {}),
+            "answers": {"probes": [p.to_json() for p in self.probes], "error": self.probe_error},
             "wall_s": self.wall_s,
         }
 
@@ -245,6 +251,7 @@ class RunRecord:
             prefix_groups=int(run.get("prefix_groups") or 1),
         )
         mode = str(run.get("server") or key.mode.name)
+        answers = run.get("answers") or {}  # since schema_version 7
         return cls(
             key=key,
             workload=workload,
@@ -254,6 +261,8 @@ class RunRecord:
             wall_s=float(run.get("wall_s") or 0.0),
             prediction=_prediction(run.get("prediction")),
             local_hits_predicted=run.get("local_hits_predicted"),
+            probes=[Probe.from_json(p) for p in answers.get("probes") or []],
+            probe_error=answers.get("error"),
         )
 
 
@@ -412,4 +421,6 @@ def _record_from_state(state: dict[str, Any]) -> RunRecord:
         wall_s=state["wall_s"],
         prediction=Prediction(**prediction) if prediction is not None else None,
         local_hits_predicted=state.get("local_hits_predicted"),
+        probes=[Probe.from_json(p) for p in state.get("probes") or []],
+        probe_error=state.get("probe_error"),
     )

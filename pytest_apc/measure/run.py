@@ -4,19 +4,23 @@
     -> scrape /metrics -> vLLM's benchmark
     -> wait until the server is idle -> scrape again -> keep the counter deltas
 
-and the hit prediction for the run, made from the server's block size and chat-template header.
+then the answers probe (a few prompts sent again, with and without the cache: measure/answers.py), and
+the hit prediction for the run, made from the server's block size and chat-template header.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 from pytest_apc.config import Settings
+from pytest_apc.measure.answers import Probe, ProbeError, run_probe
 from pytest_apc.measure.bench import BenchRunner, bench_args
 from pytest_apc.measure.records import Repeat, RunRecord
 from pytest_apc.serving import metrics
 from pytest_apc.serving.deployment import Deployment
+from pytest_apc.serving.server import http_session
 from pytest_apc.workload import eviction
 from pytest_apc.workload.cases import RunKey, Workload, predict, workload_for
 
@@ -35,7 +39,8 @@ class Measurer:
         workload = workload_for(key.family, self.settings)
         repeats = self.settings.repeats
         names = [f"{key.id}-r{i + 1}" if repeats > 1 else key.id for i in range(repeats)]
-        results = [self._once(key, workload, deployment, name) for name in names]
+        results = [self._once(key, workload, deployment, name, last=name == names[-1]) for name in names]
+        probes, probe_error = self._probe(key, deployment, self.bench_dir / f"{names[-1]}.prompts.json")
         header = deployment.info.chat_header_tokens
         record = RunRecord(
             key=key,
@@ -44,6 +49,8 @@ class Measurer:
             repeats=results,
             header_tokens=header if header is not None else -1,  # -1: not measured
             wall_s=round(time.monotonic() - started, 3),
+            probes=probes,
+            probe_error=probe_error,
         )
         if header is not None and deployment.info.block_size:
             record.prediction = predict(
@@ -53,8 +60,28 @@ class Measurer:
                 record.local_hits_predicted = replay_local_hits(record)
         return record
 
-    def _once(self, key: RunKey, workload: Workload, deployment: Deployment, name: str) -> Repeat:
-        """One cold run."""
+    def _probe(self, key: RunKey, deployment: Deployment, prompts_path: Path) -> tuple[list[Probe], str | None]:
+        """The answers probe after the run's last repeat (measure/answers.py): its probes, or why there are
+        none (the answers verdict fails with it)."""
+        s = self.settings
+        try:
+            prompts = json.loads(prompts_path.read_text())
+        except (OSError, ValueError) as err:
+            return [], f"the benchmark worker left no prompts to probe ({prompts_path}: {err})"
+        headers = {"X-Session-ID": f"pytest-apc-{key.id}"} if key.route else {}
+        try:
+            probes = run_probe(
+                http_session(s.api_key, s.ca_bundle), deployment.url, deployment.served_model_name, prompts,
+                apc=key.apc, count=s.answers_probes, max_tokens=s.answers_tokens, top_k=s.answers_top_k,
+                salt_prefix=f"pytest-apc-{key.id}-{time.time_ns()}", headers=headers, timeout=s.bench_timeout,
+            )  # fmt: skip
+        except ProbeError as err:
+            return [], f"{err}\n{deployment.mode.name} server log: {deployment.log_path}"
+        deployment.check_alive("after the answers probe")
+        return probes, None
+
+    def _once(self, key: RunKey, workload: Workload, deployment: Deployment, name: str, last: bool) -> Repeat:
+        """One cold run (the last one also keeps the prompts it sent, for the answers probe)."""
         router_command = deployment.route(key.route) if key.route else ""
         reset = deployment.reset_prefix_cache() if key.apc else None
         deployment.check_alive("before the run")
@@ -82,6 +109,7 @@ class Measurer:
             self.bench_dir / f"{name}.log",
             self.settings.bench_timeout,
             watch=deployment.watch,
+            prompts_path=self.bench_dir / f"{name}.prompts.json" if last else None,
         )
         deployment.check_alive("after the benchmark")
         delta, parts = None, {}

@@ -21,7 +21,7 @@ from pytest_apc.config import Settings
 from pytest_apc.measure.records import MeasurementError, RunRecord, tier_hits
 from pytest_apc.results.columns import Column, Row, present, stored
 from pytest_apc.results.formatting import compact, num
-from pytest_apc.verdicts import locality
+from pytest_apc.verdicts import answers, locality
 from pytest_apc.verdicts.stats import Interval, median_interval, ratio_of_medians
 from pytest_apc.verdicts.verdict import Pair
 from pytest_apc.workload.cases import PAIRS, RunKey
@@ -98,6 +98,7 @@ class PairRow(MeasuredRow):
     output_throughput_on: float | None = stored("out tok/s ON")
     median_e2el_off_ms: float | None = stored("E2E OFF ms")
     median_e2el_on_ms: float | None = stored("E2E ON ms")
+    answers: str | None = stored("answers", sparse=True)  # probed cached answers that agree: 4/4, 1 DIFFER
     verdict: str = stored("verdict", default="-")  # PASS / FAIL / -
 
     # Fits 120 columns; -v adds the p90 TTFT (where the runs have one) and the gain's interval.
@@ -114,6 +115,7 @@ class PairRow(MeasuredRow):
         Column("in tok/s", lambda r: f"{compact(r.input_throughput_off)}>{compact(r.input_throughput_on)}"),
         Column("out tok/s", lambda r: f"{compact(r.output_throughput_off)}>{compact(r.output_throughput_on)}"),
         Column("E2E ms", lambda r: _from(r.median_e2el_off_ms, r.median_e2el_on_ms)),
+        Column("answers", lambda r: r.answers or "-", shown=present("answers")),
         Column("verdict", lambda r: r.verdict),
     )
 
@@ -149,7 +151,7 @@ class PairRow(MeasuredRow):
             input_throughput_off=off_json["input_throughput"], input_throughput_on=on_json["input_throughput"],
             output_throughput_off=off_json["output_throughput"], output_throughput_on=on_json["output_throughput"],
             median_e2el_off_ms=off_json["median_e2el_ms"], median_e2el_on_ms=on_json["median_e2el_ms"],
-            verdict=outcomes.verdict({off.key.id, on.key.id}), runs=(off, on),
+            answers=answers.summary(on, off), verdict=outcomes.verdict({off.key.id, on.key.id}), runs=(off, on),
         )  # fmt: skip
 
 
@@ -183,6 +185,7 @@ class AlgoRow(MeasuredRow):
     ttft_ratio_high: float | None = stored("ratio CI high")
     duration_default_s: float | None = stored("duration default s")
     duration_s: float | None = stored("duration s")
+    answers: str | None = stored("answers", sparse=True)
     verdict: str = stored("verdict", default="-")
 
     # Same cached tokens, TTFT and duration within tolerance.
@@ -196,6 +199,7 @@ class AlgoRow(MeasuredRow):
             lambda r: f"{num(r.ttft_ratio, '.2f')}x {_interval(r.ttft_ratio_low, r.ttft_ratio_high)}",
         ),
         Column("duration s", lambda r: _from(r.duration_default_s, r.duration_s)),
+        Column("answers", lambda r: r.answers or "-", shown=present("answers")),
         Column("verdict", lambda r: r.verdict),
     )
 
@@ -221,7 +225,7 @@ class AlgoRow(MeasuredRow):
             median_ttft_default_ms=default.median_ms(), median_ttft_ms=run.median_ms(),
             ttft_ratio=ratio.estimate if ratio else None, ttft_ratio_low=ratio.low if ratio else None,
             ttft_ratio_high=ratio.high if ratio else None,
-            duration_default_s=default.duration_s, duration_s=run.duration_s,
+            duration_default_s=default.duration_s, duration_s=run.duration_s, answers=answers.summary(run),
             # The algorithm's own verdicts and the comparison; the default run's own belong to its pair.
             verdict=outcomes.verdict({run.key.id}, compared_with={default.key.id}), runs=(run, default),
         )  # fmt: skip
@@ -269,6 +273,7 @@ class FleetRow(MeasuredRow):
     p99_ttft_ms: float | None = stored("p99 TTFT ms")
     output_throughput: float | None = stored("out tok/s")
     request_throughput: float | None = stored("req/s")
+    answers: str | None = stored("answers", sparse=True)
     passed: bool | None = stored("verdict", _verdict_of)  # the row's verdict as true / false / null
     error: str | None = stored(None)  # why the run's locality could not be told
 
@@ -284,6 +289,7 @@ class FleetRow(MeasuredRow):
         Column("TTFT ms [CI]", lambda r: r.ttft_text),
         Column("p90 TTFT ms", lambda r: num(r.p90_ttft_ms), verbose=True, shown=present("p90_ttft_ms")),
         Column("out tok/s", lambda r: compact(r.output_throughput)),
+        Column("answers", lambda r: r.answers or "-", shown=present("answers")),
         Column("verdict", lambda r: r.verdict),
     )
 
@@ -331,7 +337,7 @@ class FleetRow(MeasuredRow):
             p90_ttft_ms=run.percentile_ms("ttfts", 90, "p90_ttft_ms"),
             p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
             output_throughput=run.per_second("total_output_tokens"),
-            request_throughput=run.per_second("completed"),
+            request_throughput=run.per_second("completed"), answers=answers.summary(run),
             passed=_passed(outcomes.verdict({run.key.id})), error=error, runs=(run,),
         )  # fmt: skip
 
@@ -365,6 +371,7 @@ class TierRow(MeasuredRow):
     median_ttft_ms: float | None = stored("TTFT ms")
     p90_ttft_ms: float | None = stored("p90 TTFT ms", sparse=True)
     p99_ttft_ms: float | None = stored("p99 TTFT ms")
+    answers: str | None = stored("answers", sparse=True)
     verdict: str = stored("verdict", default="-")
 
     TERMINAL: ClassVar[tuple[Column[Any], ...]] = (
@@ -379,11 +386,19 @@ class TierRow(MeasuredRow):
         Column("GPU replayed", lambda r: num(r.gpu_cache_hits_replayed)),
         Column("TTFT ms", lambda r: num(r.median_ttft_ms)),
         Column("p90 TTFT ms", lambda r: num(r.p90_ttft_ms), verbose=True, shown=present("p90_ttft_ms")),
+        Column("answers", lambda r: r.answers or "-", shown=present("answers")),
         Column("verdict", lambda r: r.verdict),
     )
 
     @classmethod
-    def build(cls, run: RunRecord, outcomes: Outcomes, compared_with: Collection[str] = ()) -> TierRow:
+    def build(
+        cls,
+        run: RunRecord,
+        outcomes: Outcomes,
+        compared_with: Collection[str] = (),
+        reference: RunRecord | None = None,
+    ) -> TierRow:
+        """``reference``: the run without the tier that the tier's run is compared with (its answers too)."""
         d = run.repeats[0].delta
         sizes = run.server.offload
         return cls(
@@ -397,7 +412,7 @@ class TierRow(MeasuredRow):
             gpu_cache_hits_replayed=run.local_hits_predicted,
             prefix_cache_queries=d.prefix_cache_queries if d else None,
             median_ttft_ms=run.median_ms("ttfts"), p90_ttft_ms=run.percentile_ms("ttfts", 90, "p90_ttft_ms"),
-            p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
+            p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"), answers=answers.summary(run, reference),
             verdict=outcomes.verdict({run.key.id}, compared_with), runs=(run,),
         )  # fmt: skip
 
@@ -438,7 +453,12 @@ def tier_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes) -> list[T
     other tier's run at its concurrency (a verdict comparing the two judges both rows)."""
     keys = sorted((k for k in records if k.family == "offload"), key=lambda k: (k.concurrency, k.case))
     return [
-        TierRow.build(records[key], outcomes, {k.id for k in keys if k.concurrency == key.concurrency and k != key})
+        TierRow.build(
+            records[key],
+            outcomes,
+            {k.id for k in keys if k.concurrency == key.concurrency and k != key},
+            records.get(RunKey(PAIRS[key.case], key.concurrency)) if key.case in PAIRS else None,
+        )
         for key in keys
     ]
 

@@ -53,6 +53,7 @@ from pytest_apc.workload.cases import (
     workload_for,
 )
 from pytest_apc.workload.offload import OffloadSizeError, OffloadSizes
+from pytest_apc.workload.vllm_loader import LOAD_FORMAT
 
 # Room for the chat template on top of the longest workload, and the step --max-model-len is rounded to.
 TEMPLATE_HEADROOM = 256
@@ -173,7 +174,7 @@ def launched_server(
             mode=mode,
             max_model_len=model_len or max_model_len(settings),
             tensor_parallel_size=tensor_parallel,
-            extra=(("--load-format", "dummy") if settings.model_shape else ()) + extra + tuple(settings.server_arg),
+            extra=model_args(settings) + extra + tuple(settings.server_arg),
             launcher=settings.launcher,
             env_names=own_variables(env),
             python=server_python(settings),
@@ -194,6 +195,13 @@ def launched_server(
             "of its own (a container) must pass the plugin's variables on, e.g. 'docker run {env} ...'"
         )
     return server
+
+
+def model_args(settings: Settings) -> tuple[str, ...]:
+    """How a launched server loads a generated model: a shape model's random weights through the plugin's
+    own load format, whose answers depend on the prompt (vllm_loader.py). A model of the user's, and the
+    tiny CPU model (in vLLM's default dtype: bfloat16 where the CPU has it), are loaded as configured."""
+    return ("--load-format", LOAD_FORMAT) if settings.model_shape else ()
 
 
 def replica_gpus(settings: Settings) -> list[tuple[dict[str, str], int]]:

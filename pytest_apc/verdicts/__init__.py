@@ -1,6 +1,7 @@
 """The verdicts: what a test asserts about measured runs, each a pass or a fail with a message.
 
-Owns the pair and run verdicts and their diagnoses (``verdict``), the offload tier's (``tiers``), where a
+Owns the pair and run verdicts and their diagnoses (``verdict``), whether cached answers are the computed
+ones (``answers``), the offload tier's (``tiers``), where a
 fleet's requests landed (``locality``) and the statistics behind the timing verdicts (``stats``).
 The suite's tests import this package: ``from pytest_apc import verdicts`` then ``verdicts.pure_effect(pair)``.
 
@@ -9,6 +10,7 @@ Layer: above ``measure``; may import ``measure``, ``serving``, ``workload``, ``c
 
 from __future__ import annotations
 
+from pytest_apc.verdicts.answers import same_answers
 from pytest_apc.verdicts.tiers import eviction_predicted, hits_across_tiers, tier_pays_off
 from pytest_apc.verdicts.verdict import (
     Pair,
@@ -40,6 +42,7 @@ __all__ = [
     "prefix_locality",
     "pure_effect",
     "rag_effect",
+    "same_answers",
     "same_as_default",
     "tier_pays_off",
     "ttft_gain",

@@ -1,7 +1,8 @@
 """The generated tiny model that the CPU default (``--cpu-node``) serves.
 
 No model can be downloaded on the machines this runs on, so the plugin makes one: a Llama with random
-weights (2 layers of width 256, head_dim 64 because vLLM's CPU attention rejects 16) and a small byte-level BPE
+weights (2 layers of width 256, head_dim 64 because vLLM's CPU attention rejects 16) drawn so that its
+answers depend on the whole prompt (``weights.py``; untied output embeddings), and a small byte-level BPE
 tokenizer trained on text that every Python installation ships (its standard library sources), with a
 chat template so that the ``openai-chat`` backend works exactly as on a GPU node.
 
@@ -21,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# Bump when the generated files change in a way that matters to a server.
-TINY_MODEL_VERSION = 2
+# Bump when the generated files change in a way that matters to a server (3: prompt-dependent weights).
+TINY_MODEL_VERSION = 3
 # The shape models hold only the generated tokenizer and an architecture's config: their names follow those
 # (``_shape_digest``), not the tiny model's weights, so that a GPU baseline stays comparable when the CPU
 # model changes. Bump when their files change in a way that matters to a server.
@@ -55,15 +56,16 @@ MODEL_CONFIG: dict[str, Any] = {
     "max_position_embeddings": 65536,
     "rope_theta": 500000.0,
     "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": True,
+    "tie_word_embeddings": False,
     "bos_token_id": 1,
     "eos_token_id": 2,
     "torch_dtype": "float32",
 }
 
 
-# Architecture shapes for nodes without weights: served with --load-format dummy (random weights), the
-# generated tokenizer, and timing, KV-cache size and APC behaviour of the real architecture.
+# Architecture shapes for nodes without weights: served with the plugin's own load format (random weights
+# drawn as the tiny model's are, so that answers depend on the prompt; see vllm_loader.py), the generated
+# tokenizer, and timing, KV-cache size and APC behaviour of the real architecture.
 SHAPES: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                      "num_attention_heads": 32, "num_key_value_heads": 8},
@@ -161,9 +163,12 @@ def _build_weights(out: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from pytest_apc.workload.weights import redraw
+
     torch.manual_seed(0)
     config = LlamaConfig(**{k: v for k, v in MODEL_CONFIG.items() if k != "architectures"})
     model = LlamaForCausalLM(config)
+    redraw(model.named_parameters())
     model.save_pretrained(str(out), safe_serialization=True)
     # Pin the config vLLM reads to exactly what we specified (transformers adds its own keys).
     saved = json.loads((out / "config.json").read_text())
@@ -223,7 +228,8 @@ def ensure_tiny_model(cache_dir: Path | None = None) -> Path:
 def ensure_shape_model(shape: str, cache_dir: Path | None = None) -> Path:
     """A config-only model of a known architecture shape with the generated tokenizer (no weights).
 
-    Serve it with ``--load-format dummy``. Only the tokenizer is trained here; nothing heavy is written.
+    Serve it with ``--load-format pytest_apc_dummy`` (``vllm_loader.LOAD_FORMAT``). Only the tokenizer is
+    trained here; nothing heavy is written.
     """
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r} (known: {', '.join(SHAPES)})")

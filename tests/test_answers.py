@@ -1,0 +1,158 @@
+"""The answers verdict: the comparison rule, the probe's request and parsing, and what a failure says.
+
+The answers here are built by hand (token ids with their top-k logprobs), because a near tie or a cache
+that serves wrong content cannot be produced on demand on a healthy server; the real-vLLM evidence, a
+faulted cache that fails and a healthy one that passes, is in test_e2e_fault.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_apc.measure.answers import Answer, Probe, ProbeError, parse_answer, probe_indices, request_body
+from pytest_apc.measure.records import Measured, Repeat, RunRecord
+from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.verdicts import answers
+from pytest_apc.verdicts.verdict import Pair
+from pytest_apc.workload.cases import RunKey, Workload
+
+
+def answer(tokens: list[int], runner_up: int | None = None, gap: float = 3.0) -> Answer:
+    """Greedy ``tokens``; at each position the runner-up is ``runner_up`` (else token + 1000), ``gap`` below."""
+    top = [{t: -0.1, (runner_up if runner_up is not None else t + 1000): -0.1 - gap} for t in tokens]
+    return Answer(tokens, " ".join(map(str, tokens)), top)
+
+
+def test_identical_answers() -> None:
+    assert answers.compare(0, answer([1, 2, 3]), answer([1, 2, 3])).outcome == answers.IDENTICAL
+
+
+def test_a_near_tie_stops_the_comparison() -> None:
+    a = Answer([1, 2, 3], "a", [{1: -0.1}, {2: -0.70, 7: -0.71}, {3: -0.1}])
+    b = Answer([1, 7, 9], "b", [{1: -0.1}, {7: -0.69, 2: -0.70}, {9: -0.1}])
+    found = answers.compare(4, a, b)
+    assert (found.outcome, found.position, found.tokens) == (answers.NEAR_TIE, 1, (2, 7))
+    assert found.gap_nats == pytest.approx(0.01)
+
+
+def test_tokens_outside_each_others_top_k_differ() -> None:
+    found = answers.compare(2, answer([1, 2, 3]), answer([1, 5, 3]))
+    assert (found.outcome, found.position, found.tokens) == (answers.DIFFER, 1, (2, 5))
+
+
+def test_one_sided_top_k_is_not_a_tie() -> None:
+    """Each token must be in the other's top-k: a wrong answer whose own top-k happens to hold the right
+    token is still wrong."""
+    a = Answer([1, 2], "a", [{1: 0.0}, {2: -0.1, 9: -5.0}])
+    b = Answer([1, 5], "b", [{1: 0.0}, {5: -0.1, 2: -0.2}])
+    assert answers.compare(0, a, b).outcome == answers.DIFFER
+
+
+def test_a_shorter_answer_differs() -> None:
+    assert answers.compare(0, answer([1, 2, 3]), answer([1, 2])).outcome == answers.DIFFER
+
+
+def test_probe_indices_spread_over_the_run() -> None:
+    assert probe_indices(30, 4) == [0, 10, 19, 29]
+    assert probe_indices(3, 8) == [0, 1, 2]
+    assert probe_indices(30, 1) == [0]
+
+
+def test_request_body_is_the_benchmarks_message_greedy_with_token_ids() -> None:
+    body = request_body("m", "hello", max_tokens=16, top_k=5, salt="s-1")
+    assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
+    assert (body["temperature"], body["max_tokens"], body["top_logprobs"], body["cache_salt"]) == (0, 16, 5, "s-1")
+    assert body["return_tokens_as_token_ids"] is True
+    assert "cache_salt" not in request_body("m", "hello", max_tokens=16, top_k=5)
+    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    assert request_body("m", chat, max_tokens=1, top_k=1)["messages"] == chat
+
+
+def reply(tokens: list[str]) -> dict:
+    content = [{"token": t, "logprob": -0.5, "top_logprobs": [{"token": t, "logprob": -0.5}]} for t in tokens]
+    return {"choices": [{"message": {"content": "text"}, "logprobs": {"content": content}}]}
+
+
+def test_parse_answer_reads_token_ids() -> None:
+    parsed = parse_answer(reply(["token_id:5", "token_id:17"]))
+    assert parsed.tokens == [5, 17]
+    assert parsed.top == [{5: -0.5}, {17: -0.5}]
+
+
+def test_parse_answer_refuses_token_strings() -> None:
+    """A server that ignored return_tokens_as_token_ids gives strings, which may split a character."""
+    with pytest.raises(ProbeError, match="not an id"):
+        parse_answer(reply(["\u00e9"]))
+    with pytest.raises(ProbeError, match="no token logprobs"):
+        parse_answer({"choices": [{"message": {"content": "x"}}]})
+
+
+def run(case: str, probes: list[Probe], error: str | None = None, texts: list[str] | None = None) -> RunRecord:
+    key = RunKey(case, 8)
+    bench = {"completed": 3, "failed": 0, "total_input_tokens": 30, "duration": 1.0, "median_ttft_ms": 1.0}
+    if texts is not None:
+        bench["generated_texts"] = texts
+    repeat = Repeat(bench, None, None, None, "r.json", "python -m pytest_apc.measure.bench ...")
+    server = ServerInfo(f"apc-{'on' if key.apc else 'off'}", ["vllm", "serve", "m"], "http://h:1", "log")
+    workload = Workload(key.family, 4, 4, 4, 3, 0)
+    return RunRecord(key, workload, server, [repeat], 26, 1.0, probes=probes, probe_error=error)
+
+
+def healthy_pair(settings) -> Pair:
+    good = [answer([1, 2, 3]), answer([4, 5, 6])]
+    on = run("D", [Probe(i, a, a) for i, a in enumerate(good)], texts=["x", "y", "z"])
+    off = run("C", [Probe(i, a) for i, a in enumerate(good)], texts=["x", "y", "q"])
+    return Pair(off, on, settings)
+
+
+@pytest.fixture
+def cpu_settings(pytester: pytest.Pytester):
+    from pytest_apc import config
+
+    return config.resolve(pytester.parseconfig("--cpu-node"), environ={})
+
+
+def test_a_healthy_pair_passes_and_reports_the_benchmarks_own_texts(cpu_settings) -> None:
+    found = answers.same_answers(healthy_pair(cpu_settings))
+    assert found.passed, found.message
+    assert found.numbers["cached_vs_uncached"] == {"identical": 2, "near tie": 0, "differ": 0}
+    assert found.numbers["cached_vs_twin"]["identical"] == 2
+    assert found.numbers["benchmark_identical"] == (2, 3)
+    assert "benchmark answers identical to C-c8's: 2/3 (reported)" in found.message
+
+
+def test_a_cache_that_serves_other_content_fails_with_both_texts_and_the_commands(cpu_settings) -> None:
+    pair = healthy_pair(cpu_settings)
+    pair.on.probes[1] = Probe(1, answer([4, 5, 6]), answer([4, 9, 9]))
+    found = answers.same_answers(pair)
+    assert not found.passed
+    assert "request 1: parts at token 1 (9 vs 5)" in found.message
+    assert "'4 9 9'" in found.message
+    assert "'4 5 6'" in found.message
+    assert "apc-on server: vllm serve m" in found.message
+    assert "apc-off server: vllm serve m" in found.message
+    assert "curl -s http://h:1/v1/chat/completions" in found.message
+    assert found.numbers["first_divergence"]["position"] == 1
+    assert answers.summary(pair.on, pair.off) == "2 DIFFER"
+
+
+def test_no_probe_is_a_failure_not_a_pass(cpu_settings) -> None:
+    on = run("D", [], error="probe request answered HTTP 400: cache_salt is not supported")
+    found = answers.same_answers(on)
+    assert not found.passed
+    assert "HTTP 400" in found.message
+    assert answers.summary(on) == "error"
+    empty = answers.same_answers(run("D", []))
+    assert not empty.passed
+    assert "no cached answer was probed" in empty.message
+
+
+def test_probes_survive_the_results_file_and_the_store() -> None:
+    record = run("D", [Probe(3, answer([1, 2]), answer([1, 2]), prompt_chars=99)], texts=["a"])
+    back = RunRecord.from_json(json.loads(json.dumps(record.to_json())))
+    assert back.probes == record.probes
+    measured = Measured(records={record.key: record})
+    state = json.loads(json.dumps(measured.to_state()))
+    assert Measured.from_state(state).records[record.key].probes == record.probes

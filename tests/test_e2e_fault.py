@@ -1,0 +1,89 @@
+"""A real vLLM server whose prefix cache serves wrong content with every counter right must fail the
+answers verdict, and nothing else; the same server without the fault passes.
+
+The fault is ``tests/vllm_fault.py``, a vLLM general plugin installed into the server process through a
+throw-away distribution on its PYTHONPATH: each cache hit of two blocks or more reads the content of the
+block before. The fake server cannot show this: the fault lives in vLLM's block table, so it is real vLLM
+that must be wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TESTS_APC, InnerRun
+
+pytestmark = pytest.mark.e2e
+
+HERE = Path(__file__).parent
+# The pure case's counts, the OFF server and the answers; the timing verdict is the full run's business.
+SELECTION = ["-m", "pure and not sweep", "-k", "not test_pure_apc"]
+
+
+def install_fault_plugin(folder: Path) -> Path:
+    """A distribution whose ``vllm.general_plugins`` entry point is the fault plugin, in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HERE / "vllm_fault.py", folder / "pytest_apc_test_fault.py")
+    info = folder / "pytest_apc_test_fault-0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pytest-apc-test-fault\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[vllm.general_plugins]\napc_fault = pytest_apc_test_fault:register\n")
+    return folder
+
+
+def run_suite(root: Path, fault: str | None) -> tuple[InnerRun, dict]:
+    plugin = install_fault_plugin(root / "plugin")
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(plugin), os.environ.get("PYTHONPATH", "")) if p)}
+    if fault:
+        env["PYTEST_APC_TEST_FAULT"] = fault
+    args = [str(TESTS_APC), *SELECTION, "--cpu-node", "-v", "-rA", f"--apc-results-dir={root}/apc-results"]
+    inner = InnerRun(args, root, env=env, timeout=1500).wait()
+    inner.require_nothing_left()
+    files = sorted(root.glob("apc-results/*/results.json"))
+    assert len(files) == 1, (files, inner.output[-5000:])
+    return inner, json.loads(files[0].read_text())
+
+
+def verdicts_of(data: dict) -> dict[str, bool]:
+    return {v["name"]: v["passed"] for v in data["verdicts"]}
+
+
+def server_logs(data: dict) -> str:
+    return "".join(Path(s["log"]).read_text(errors="replace") for s in data["servers"] if Path(s["log"]).is_file())
+
+
+@pytest.fixture(scope="module")
+def faulted(tmp_path_factory) -> tuple[InnerRun, dict]:
+    return run_suite(tmp_path_factory.mktemp("fault-shift"), "shift")
+
+
+def test_the_fault_is_active_in_the_apc_on_server(faulted) -> None:
+    _, data = faulted
+    on = next(s for s in data["servers"] if s["mode"] == "apc-on")
+    assert "pytest-apc test fault active: shift" in Path(on["log"]).read_text(errors="replace")
+
+
+def test_a_cache_that_serves_wrong_content_fails_the_answers_verdict_and_nothing_else(faulted) -> None:
+    inner, data = faulted
+    assert inner.ret == 1, inner.output[-5000:]
+    assert verdicts_of(data) == {"apc_really_off": True, "cached_tokens_match": True, "same_answers": False}
+    answers = next(v for v in data["verdicts"] if v["name"] == "same_answers")
+    assert answers["numbers"]["cached_vs_uncached"]["differ"] >= 1, answers["message"]
+    assert "they differ from there on" in answers["message"]
+    assert "reproduce:" in answers["message"]
+    assert "test_same_answers FAILED" in inner.output or "FAILED" in inner.output
+    runs = {r["id"]: r for r in data["runs"]}
+    on = runs["D-c8"]
+    assert on["prefix_cache_hits"] == on["prediction"]["expected_hits"]  # the counters are right
+
+
+def test_the_same_server_without_the_fault_passes(tmp_path_factory) -> None:
+    inner, data = run_suite(tmp_path_factory.mktemp("fault-none"), None)
+    assert inner.ret == 0, inner.output[-5000:]
+    assert verdicts_of(data) == {"apc_really_off": True, "cached_tokens_match": True, "same_answers": True}
+    assert "pytest-apc test fault active" not in server_logs(data)

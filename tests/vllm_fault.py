@@ -1,0 +1,40 @@
+"""A vLLM general plugin that makes the prefix cache serve wrong content while every counter stays right.
+
+Test-only: ``tests/test_e2e_fault.py`` installs it into a real vLLM server through a throw-away
+distribution (an entry point of the ``vllm.general_plugins`` group on the server's PYTHONPATH). Where
+``PYTEST_APC_TEST_FAULT=shift``, each cache hit of two blocks or more gets its blocks shifted by one (the
+first block twice, the last one left out): the scheduler counts the same hit tokens, but the block table
+maps them to other content, so the model reads other tokens' keys and values, as a block-table or hash
+bug would make it. Counters, timing and the reset stay exactly as on a healthy server. (Blocks merely
+reordered would not do: the keys carry their positions, and attention over a set of keys does not
+depend on where they are stored.)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+FAULT_ENV = "PYTEST_APC_TEST_FAULT"
+
+
+def register() -> None:
+    if os.environ.get(FAULT_ENV) != "shift":
+        return
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    print(f"pytest-apc test fault active: shift (pid {os.getpid()})", file=sys.stderr, flush=True)
+
+    if getattr(KVCacheManager.get_computed_blocks, "_apc_fault", False):
+        return
+    original = KVCacheManager.get_computed_blocks
+
+    def get_computed_blocks(self: Any, request: Any) -> Any:
+        result = original(self, request)
+        blocks = result[0]
+        groups = tuple([g[0], *g[:-1]] if len(g) >= 2 else g for g in blocks.blocks)
+        return (type(blocks)(groups), *result[1:])
+
+    get_computed_blocks._apc_fault = True  # type: ignore[attr-defined]
+    KVCacheManager.get_computed_blocks = get_computed_blocks  # type: ignore[method-assign]
