@@ -1019,7 +1019,7 @@ def test_h200_c8_page_is_what_its_results_file_renders() -> None:
 
 def test_the_readme_quotes_the_h200_runs_it_links() -> None:
     readme = _flat((REPO / "README.md").read_text())
-    for folder in ("h200-c8", "h200-offload"):
+    for folder in ("h200-answers", "h200-c8", "h200-offload"):
         passed = _passed_line(DOCS / "results" / folder / "pytest.log").split(",")[0]
         assert re.search(rf"\(docs/results/{folder}/README\.md\)[^(]*\([^)]*{passed}\)", readme), (folder, passed)
 
@@ -1114,3 +1114,48 @@ def test_defaults_stated_in_the_docs_are_the_options_defaults() -> None:
             assert _stated_words(text) in defaults, f"{page.name}: {option} (default {text}); the code: {defaults}"
             stated += 1
     assert stated >= 10  # the pattern still finds the pages' statements
+
+
+H200_ANSWERS = DOCS / "results" / "h200-answers"
+
+
+def test_h200_answers_page_shows_its_files() -> None:
+    """The answers page: both reports as `report` renders the files, the fault run's same_answers message,
+    the outcomes pytest logged, and the start-up times it compares, all from the committed files."""
+    import json
+
+    from pytest_apc.report.terminal import summary_lines
+    from pytest_apc.results.view import ReportView
+
+    page = (H200_ANSWERS / "README.md").read_text()
+    flat = _flat(page)
+    healthy = json.loads((H200_ANSWERS / "results.json").read_text())
+    fault = json.loads((H200_ANSWERS / "fault" / "results.json").read_text())
+    for marker, data in (("<!-- answers-fault-report -->", fault), ("<!-- answers-healthy-report -->", healthy)):
+        rendered = [line for text, _ in summary_lines(ReportView.from_document(data, "results.json"))
+                    for line in text.splitlines()]  # fmt: skip
+        assert _block_after(page, marker) == rendered[:-1]
+    # The fault run: the counters and the OFF server pass, only the answers fail.
+    verdicts = {v["name"]: v for v in fault["verdicts"]}
+    assert {name: v["passed"] for name, v in verdicts.items()} == {
+        "apc_really_off": True, "cached_tokens_match": True, "same_answers": False,
+    }  # fmt: skip
+    message = verdicts["same_answers"]["message"].splitlines()
+    end = next(i for i, line in enumerate(message) if line.startswith("cached against the"))
+    assert _block_after(page, "<!-- answers-fault-message -->") == message[:end]
+    found = verdicts["same_answers"]["numbers"]["cached_vs_uncached"]
+    assert (found["near tie"], found["differ"]) == (3, 1)
+    assert "three of the four probed requests parted at a near tie" in flat
+    assert _passed_line(H200_ANSWERS / "fault" / "pytest.log").startswith("1 failed, 2 passed")
+    assert "**Result: 1 failed, 2 passed**" in flat
+    # The healthy run: every verdict passed, same_answers on D, F and both O runs.
+    assert all(v["passed"] for v in healthy["verdicts"])
+    answered = sorted(v["runs"][0] for v in healthy["verdicts"] if v["name"] == "same_answers")
+    assert answered == ["D-c8", "F-c8", "O-c1", "O-c8"]
+    tests = len({v["test"] for v in healthy["verdicts"]})
+    assert _passed_line(H200_ANSWERS / "pytest.log").startswith(f"{tests} passed,")
+    assert f"all {tests} tests passed" in flat
+    for data, words in ((healthy, "here were ready in"), (fault, "in the fault run")):
+        ready = {s["mode"]: s["startup_s"] for s in data["servers"]}
+        assert f"{words} {ready['apc-on']:.0f} s and {ready['apc-off']:.0f} s" in flat
+    assert all("pytest_apc_dummy" in s["command"] for d in (healthy, fault) for s in d["servers"])
