@@ -182,11 +182,13 @@ def test_missing_counters_cannot_verify(pytester) -> None:
 
 
 def test_rag_effect_switches_on_concurrency(pytester) -> None:
-    s = settings(pytester)
+    s = settings(pytester, "--apc-low-concurrency=1")
     off1, on1 = record(s, "E", 1, delta(0, 0), 80.0), record(s, "F", 1, delta(1, 0), 79.0)
     assert verdict.rag_effect(verdict.Pair(off1, on1, s)).name == "ttft_gain"
     off8, on8 = record(s, "E", 8, delta(0, 0), 80.0), record(s, "F", 8, delta(1, 0), 79.0)
     assert verdict.rag_effect(verdict.Pair(off8, on8, s)).name == "not_slower"
+    # The CPU profile's default (0): not slower at every level.
+    assert verdict.rag_effect(verdict.Pair(off1, on1, settings(pytester))).name == "not_slower"
 
 
 def test_pure_effect_switches_on_the_profile_limit(pytester) -> None:

@@ -326,7 +326,8 @@ def pure_effect(pair: Pair) -> Verdict:
 
 
 def rag_effect(pair: Pair) -> Verdict:
-    """E/F: a significant TTFT gain at low concurrency; above it, queueing dominates TTFT, so not slower."""
+    """E/F: a significant TTFT gain up to --apc-low-concurrency (0: at no level); above it, queueing dominates
+    TTFT, so not slower."""
     if pair.on.key.concurrency <= pair.settings.low_concurrency:
         return ttft_gain(pair)
     return not_slower(pair)

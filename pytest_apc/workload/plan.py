@@ -106,7 +106,7 @@ def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, C
         ("sweep_cases", lambda use: use.sweep, "no selected test runs the concurrency sweep"),
         *((name, single_server, "no selected test measures a single-server run, so the gate has no run to compare")
           for name in BASELINE_SETTINGS),
-        ("low_concurrency", lambda use: any(k.case == "F" and k.concurrency <= low and not k.hash_algo
+        ("low_concurrency", lambda use: any(k.case == "F" and (not low or k.concurrency <= low) and not k.hash_algo
                                             for k in use.keys),
          f"no selected test judges the E/F pair at concurrency {low} or below; {rag_levels}"),
         ("pure_gain_concurrency", lambda use: any(k.case == "D" and (not pure_gain or k.concurrency <= pure_gain)
