@@ -203,7 +203,7 @@ def test_xdist_one_table_one_file_and_the_gate(pure_baseline, tmp_path) -> None:
             f"--apc-results-dir={tmp_path}/apc-results", f"--apc-baseline={baseline}"]  # fmt: skip
     inner = InnerRun(args, tmp_path, timeout=900).wait()
     assert inner.ret == 1, inner.output[-5000:]
-    assert "3 passed" in inner.output
+    assert "4 passed" in inner.output
     assert inner.output.count("apc validation") == 1
     assert (
         f"FAIL baseline: D-c8: cached tokens 118,784 -> 59,392 (fewest of any repeat) fell by 59,392 against {baseline}"
@@ -211,7 +211,7 @@ def test_xdist_one_table_one_file_and_the_gate(pure_baseline, tmp_path) -> None:
     data = results(tmp_path)
     assert data["server_launches"] == {"apc-off": 1, "apc-on": 1}
     assert {r["id"] for r in data["runs"]} == {"C-c8", "D-c8"}
-    assert len(data["verdicts"]) == 4
+    assert len(data["verdicts"]) == 5
     assert data["gate"]["failures"]
     assert [row["result"] for row in data["gate"]["rows"]][1] == "REGRESSED"
     assert not inner.leftovers()
