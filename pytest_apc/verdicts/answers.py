@@ -150,12 +150,12 @@ def same_answers(subject: Pair | RunRecord) -> Verdict:
         return Verdict("same_answers", runs, False, message)
     lines = _section(f"{run.key.id}: cached against uncached on the {run.server.mode} server", own, "uncached")
     judged = list(own)
+    bench = benchmark_answers_identical(run, reference) if reference else None
     if reference is not None:
-        twin_name = f"{reference.key.id}"
+        twin_name = reference.key.id
         lines += _section(f"cached against the {reference.server.mode} server ({twin_name})", twin, twin_name)
         lines.append(_line("uncached against uncached, the two servers (noise floor, reported)", floor))
         judged += twin
-        bench = benchmark_answers_identical(run, reference)
         if bench:
             lines.append(f"benchmark answers identical to {twin_name}'s: {bench[0]}/{bench[1]} (reported)")
     differ = [c for c in judged if c.outcome == DIFFER]
@@ -173,7 +173,7 @@ def same_answers(subject: Pair | RunRecord) -> Verdict:
         "noise_floor": counts(floor) if reference else None,
         "first_divergence": next((c.to_json() for c in judged if c.outcome != IDENTICAL), None),
         "comparisons": [c.to_json() for c in judged],
-        "benchmark_identical": benchmark_answers_identical(run, reference) if reference else None,
+        "benchmark_identical": bench,
     }
     return Verdict("same_answers", runs, not differ, "\n".join(lines), numbers)
 
