@@ -1019,7 +1019,7 @@ def test_h200_c8_page_is_what_its_results_file_renders() -> None:
 
 def test_the_readme_quotes_the_h200_runs_it_links() -> None:
     readme = _flat((REPO / "README.md").read_text())
-    for folder in ("h200-answers", "h200-c8", "h200-offload"):
+    for folder in ("h200-baseline", "h200-answers", "h200-c8", "h200-offload"):
         passed = _passed_line(DOCS / "results" / folder / "pytest.log").split(",")[0]
         assert re.search(rf"\(docs/results/{folder}/README\.md\)[^(]*\([^)]*{passed}\)", readme), (folder, passed)
 
@@ -1159,3 +1159,62 @@ def test_h200_answers_page_shows_its_files() -> None:
         ready = {s["mode"]: s["startup_s"] for s in data["servers"]}
         assert f"{words} {ready['apc-on']:.0f} s and {ready['apc-off']:.0f} s" in flat
     assert all("pytest_apc_dummy" in s["command"] for d in (healthy, fault) for s in d["servers"])
+
+
+H200_BASELINE = DOCS / "results" / "h200-baseline"
+
+
+def test_h200_baseline_page_shows_its_files(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The baseline page: its report and its self-compare as the plugin prints them from the committed
+    file, every run with 3 cold repeats, and the prose's claims checked against the verdicts."""
+    import json
+
+    from pytest_apc.__main__ import main
+    from pytest_apc.report.terminal import summary_lines
+    from pytest_apc.results.view import ReportView
+
+    page = (H200_BASELINE / "README.md").read_text()
+    flat = _flat(page)
+    data = json.loads((H200_BASELINE / "results.json").read_text())
+    rendered = [line for text, _ in summary_lines(ReportView.from_document(data, "results.json"))
+                for line in text.splitlines()]  # fmt: skip
+    assert _block_after(page, "<!-- baseline-report -->") == rendered[:-1]
+    monkeypatch.chdir(H200_BASELINE)
+    assert main(["compare", "results.json", "results.json"]) == 0
+    assert _block_after(page, "<!-- baseline-compare -->") == capsys.readouterr().out.splitlines()
+    assert "(exit status 0)" in flat
+    runs = {r["id"]: r for r in data["runs"]}
+    assert sorted(runs) == [f"{case}-c8" for case in "ABCDEF"]
+    assert all(len(r["repeat_counters"]) == 3 for r in runs.values())
+    assert data["settings"]["repeats"] == 3
+    assert data["settings"]["answers_probes"] == 2
+    assert "--apc-repeats 3" in flat
+    assert "probes 2 requests" in flat
+    assert all(v["passed"] for v in data["verdicts"])
+    tests = len({v["test"] for v in data["verdicts"]})
+    assert _passed_line(H200_BASELINE / "pytest.log").startswith(f"{tests} passed,")
+    assert f"all {tests} tests passed ({data['timing']['suite_elapsed_s']:,.0f} s)" in flat
+    answered = sorted(v["runs"][0] for v in data["verdicts"] if v["name"] == "same_answers")
+    assert answered == ["B-c8", "D-c8", "F-c8"]
+    for v in data["verdicts"]:  # "agree token by token or part only at a near tie"
+        if v["name"] == "same_answers":
+            assert v["numbers"]["cached_vs_uncached"]["differ"] == 0
+    # C/D exact in every repeat; E/F: half the prefill, shorter, TTFT not lower, held to not_slower.
+    cd = next(p for p in data["pairs"] if p["pair"] == "C/D")
+    assert cd["cached_tokens"] == cd["expected_cached_tokens"]
+    assert {rc["delta"]["prefix_cache_hits"] for rc in runs["D-c8"]["repeat_counters"]} == {
+        cd["expected_cached_tokens"]
+    }
+    named = {(v["name"], v["runs"][0]): v for v in data["verdicts"]}
+    assert named[("ttft_gain", "C-c8")]["numbers"]["ttft_speedup_low"] > 1
+    ef = named[("not_slower", "E-c8")]
+    assert "tolerance 10%" in ef["message"]
+    assert "within the 10% tolerance" in flat
+    assert ef["numbers"]["ttft_speedup"] < 1
+    assert round(ef["numbers"]["ttft_speedup_high"], 2) == 1.0
+    assert "interval ends at 1.00" in flat
+    assert 1.8 < named[("prefill_saved", "E-c8")]["numbers"]["bound"] < 2.2  # "half the prefill tokens"
+    assert runs["F-c8"]["bench_duration_s"] < runs["E-c8"]["bench_duration_s"]
+    assert all("pytest_apc_dummy" in s["command"] for s in data["servers"])
+    assert "5eea4de" in (REPO / "README.md").read_text()
+    assert "5eea4de" in flat
