@@ -774,6 +774,96 @@ class Settings:
         "K",
     )
 
+    multiturn_conversations: int = setting(
+        _positive_int,
+        8,
+        (
+            "Multiturn tests: conversations (G) that share one global prefix; each round of cases M/L sends one "
+            "request per conversation"
+        ),
+        "G",
+        family="multiturn",
+    )
+    multiturn_turns: int = setting(
+        number(int, low=2),
+        6,
+        "Multiturn tests: turns (T) of every conversation, one benchmark run per turn (a round)",
+        "T",
+        family="multiturn",
+    )
+    multiturn_prefix_len: int = setting(
+        _positive_int,
+        8192,
+        (
+            "The global prefix of cases L/M (P tokens of text: a system prompt and tool definitions) every "
+            "conversation starts with; scaled like the other lengths"
+        ),
+        "TOKENS",
+    )
+    multiturn_user_len: int = setting(
+        _positive_int,
+        512,
+        (
+            "The user message of cases L/M (U tokens) each turn adds; scaled like the other lengths. CPU "
+            "profile: 2048, 128 tokens after its scale, one KV block of vLLM's CPU build, so that hits grow by "
+            "whole blocks turn by turn"
+        ),
+        "TOKENS",
+        cpu=2048,
+    )
+    multiturn_reply_len: int = setting(
+        _positive_int,
+        256,
+        (
+            "Multiturn tests: the fixed synthetic assistant reply (A tokens) each turn adds to its conversation's "
+            "history, in place of what the model generated, so that the next prompt does not depend on it; also "
+            "the output tokens each request generates; scaled like the other lengths"
+        ),
+        "TOKENS",
+        family="multiturn",
+    )
+    multiturn_compact_after: int = setting(
+        _positive_int,
+        3,
+        (
+            "Multiturn tests, the compaction run (M-c<N>-compact): after this many turns (K) a conversation's "
+            "history is replaced by a short summary after the global prefix; its next turn hits the global "
+            "prefix only. Must be below apc_multiturn_turns"
+        ),
+        "K",
+        family="multiturn",
+    )
+    multiturn_summary_len: int = setting(
+        _positive_int,
+        256,
+        "Multiturn tests: the summary (tokens) that replaces a compacted history; scaled like the other lengths",
+        "TOKENS",
+        family="multiturn",
+    )
+    multiturn_gain_concurrency: int = setting(
+        _non_negative_int,
+        8,
+        (
+            "Multiturn tests: concurrency up to which the late turns of M must get their first token "
+            "significantly sooner than L's (above it they are held to not being slower, within "
+            "--apc-overhead-tolerance); 0: at no level. CPU profile: 0, as the scaled-down histories leave "
+            "the tiny model so little prefill that a 2-core machine's noise covers what the cache saves"
+        ),
+        "N",
+        cpu=0,
+        family="multiturn",
+    )
+    multiturn_concurrency: tuple[int, ...] = setting(
+        _int_list,
+        (1, 8),
+        (
+            "Multiturn tests: the --max-concurrency levels of cases M and L (the compaction run uses the "
+            "highest); every level is held to the same exact per-turn prediction"
+        ),
+        "N,N,...",
+        family="multiturn",
+    )
+
     @property
     def enabled(self) -> bool:
         return self.profile is not None
@@ -905,6 +995,7 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
     _check_baseline(settings)
     _check_lengths(settings)
     _check_fleet(settings)
+    _check_multiturn(settings)
     return settings
 
 
@@ -970,6 +1061,15 @@ def _check_fleet(settings: Settings) -> None:
         )
     if settings.data_parallel_size == 1:
         raise invalid("data_parallel_size", "one rank is not data parallel (0 skips it, 2 or more measures it)")
+
+
+def _check_multiturn(settings: Settings) -> None:
+    if settings.multiturn_compact_after >= settings.multiturn_turns:
+        name = "multiturn_compact_after"
+        raise SettingError(
+            f"Invalid {SPEC_BY_NAME[name].ini} {settings.multiturn_compact_after!r} from {settings.sources[name]}: "
+            f"a conversation of apc_multiturn_turns {settings.multiturn_turns} turns is compacted before a later turn"
+        )
 
 
 def flag_value(command: Sequence[str], names: Sequence[str]) -> str | None:

@@ -61,8 +61,8 @@ def test_the_offload_cases_run_on_a_gpu_node_at_their_own_levels() -> None:
 @pytest.mark.parametrize(
     ("cases", "options", "message"),
     [
-        ("G", {}, "unknown case G; cases are A, B, C, D, E, F, R, N, O, e.g. @pytest.mark.apc_cases('CD')"),
-        ("", {}, "unknown case (none); cases are A, B, C, D, E, F, R, N, O"),
+        ("G", {}, "unknown case G; cases are A, B, C, D, E, F, R, N, O, L, M, e.g. @pytest.mark.apc_cases('CD')"),
+        ("", {}, "unknown case (none); cases are A, B, C, D, E, F, R, N, O, L, M"),
         ("D", {"sweeps": True}, "unknown option sweeps; the options are sweep, hash_algos, sequential, fleet"),
     ],
 )

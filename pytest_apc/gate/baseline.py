@@ -66,7 +66,7 @@ class Baseline:
         """The selected runs (``keys``): :class:`Refused` when the baseline has none of the ones the gate
         judges, or too few cold repeats of one it has. Nothing to check when none is gated (the baseline is
         then an unused setting, which the plugin warns of)."""
-        gated = sorted({key.id for key in keys if not key.route and key.family != "offload"})
+        gated = sorted({key.id for key in keys if not key.route and key.family not in ("offload", "multiturn")})
         if not gated:
             return
         there = noise.gated_runs(self.results)

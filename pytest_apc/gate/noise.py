@@ -251,7 +251,11 @@ class Calibration:
 def gated_runs(doc: Document) -> dict[str, RunRecord]:
     """The runs of a results document the gate can judge, by id: the six cases' runs (fleet and offload
     runs are not gated)."""
-    return {run.key.id: run for run in Results.of(doc).runs if not run.key.route and run.key.family != "offload"}
+    return {
+        run.key.id: run
+        for run in Results.of(doc).runs
+        if not run.key.route and run.key.family not in ("offload", "multiturn")
+    }
 
 
 def repeat_groups(docs: Sequence[tuple[str, Document]], statistic: str = STATISTIC) -> dict[str, list[list[float]]]:

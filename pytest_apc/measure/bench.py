@@ -287,6 +287,33 @@ def prompt_groups(prompts: list[str]) -> list[int]:
     return [seen.setdefault(prompt[:GROUP_KEY_CHARS], len(seen)) for prompt in prompts]
 
 
+def chat_samples(args: Any) -> list[Any] | None:
+    """The requests of a ``custom`` dataset file whose ``prompt`` is a whole message list (the multi-turn
+    case), as vLLM's ``SampleRequest`` with its ``chat_messages``: vLLM's openai-chat backend sends such a
+    list as the request's messages, but its custom dataset takes a prompt string only (it wraps it in one
+    user message). Each line gives ``prompt_len`` (what the server's ``/tokenize`` counted) and
+    ``output_tokens``. None for any other dataset, which vLLM loads itself."""
+    path = getattr(args, "dataset_path", None)
+    if getattr(args, "dataset_name", "") != "custom" or not path or not str(path).endswith(".jsonl"):
+        return None
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if not rows or not all(isinstance(row.get("prompt"), list) for row in rows):
+        return None
+    from vllm.benchmarks.datasets import SampleRequest
+
+    prefix = getattr(args, "request_id_prefix", "") or ""
+    return [
+        SampleRequest(
+            prompt=row["prompt"],
+            prompt_len=int(row["prompt_len"]),
+            expected_output_len=int(row["output_tokens"]),
+            request_id=f"{prefix}{i}",
+            chat_messages=row["prompt"],
+        )
+        for i, row in enumerate(rows)
+    ]
+
+
 def _memoize_prompts(sent: dict[str, Any]) -> None:
     """Reuse generated prompts across runs whose dataset arguments are identical; keep the last run's
     prefix groups (the eviction prediction replays them in this order) and its prompts (the answers probe
@@ -299,7 +326,7 @@ def _memoize_prompts(sent: dict[str, Any]) -> None:
     def get_samples(args: Any, tokenizer: Any, *rest: Any, **kwargs: Any) -> Any:
         key = repr(sorted((k, repr(v)) for k, v in vars(args).items() if k not in _NOT_DATASET))
         if key not in cache:
-            cache[key] = original(args, tokenizer, *rest, **kwargs)
+            cache[key] = chat_samples(args) or original(args, tokenizer, *rest, **kwargs)
         samples = list(cache[key])
         is_groups = getattr(args, "dataset_name", "") == "prefix_repetition"
         sent["prompt_groups"] = prompt_groups([str(s.prompt) for s in samples]) if is_groups else []

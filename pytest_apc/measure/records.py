@@ -20,6 +20,7 @@ from pytest_apc.measure.answers import Probe
 from pytest_apc.serving import metrics
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.workload.cases import Prediction, RunKey, ServerMode, Workload
+from pytest_apc.workload.multiturn import TurnRecord
 
 
 class MeasurementError(AssertionError):
@@ -93,6 +94,9 @@ class RunRecord:
     # cache; ``probe_error`` says why there are none.
     probes: list[Probe] = field(default_factory=list)
     probe_error: str | None = None
+    # The multi-turn case: every round of every repeat, measured and predicted (each repeat holds its rounds
+    # merged: totals summed, per-request values in sending order).
+    turns: list[TurnRecord] = field(default_factory=list)
 
     @property
     def bench(self) -> dict[str, Any]:
@@ -218,6 +222,7 @@ class RunRecord:
             **({"route": self.key.route, "prefix_groups": self.workload.prefix_groups} if self.key.route else {}),
             "answers": {"probes": [p.to_json() for p in self.probes], "error": self.probe_error},
             "wall_s": self.wall_s,
+            **({"turns": [t.to_json() for t in self.turns]} if self.turns else {}),
         }
 
     @classmethod
@@ -263,6 +268,7 @@ class RunRecord:
             local_hits_predicted=run.get("local_hits_predicted"),
             probes=[Probe.from_json(p) for p in answers.get("probes") or []],
             probe_error=answers.get("error"),
+            turns=[TurnRecord.from_json(t) for t in run.get("turns") or []],
         )
 
 
@@ -423,4 +429,5 @@ def _record_from_state(state: dict[str, Any]) -> RunRecord:
         local_hits_predicted=state.get("local_hits_predicted"),
         probes=[Probe.from_json(p) for p in state.get("probes") or []],
         probe_error=state.get("probe_error"),
+        turns=[TurnRecord(**t) for t in state.get("turns") or []],
     )

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from pytest_apc.config import Settings
+from pytest_apc.measure import multiturn
 from pytest_apc.measure.answers import Probe, ProbeError, run_probe
 from pytest_apc.measure.bench import BenchRunner, bench_args
 from pytest_apc.measure.records import Repeat, RunRecord
@@ -35,6 +36,8 @@ class Measurer:
         self.bench_dir = bench_dir
 
     def run(self, key: RunKey, deployment: Deployment) -> RunRecord:
+        if key.family == "multiturn":
+            return multiturn.measure(key, deployment, self.settings, self.bench, self.model, self.bench_dir)
         started = time.monotonic()
         workload = workload_for(key.family, self.settings)
         repeats = self.settings.repeats

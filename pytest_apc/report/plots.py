@@ -1,6 +1,7 @@
 """PNG plots next to the results file: median TTFT per pair over concurrency, cached tokens measured vs
 predicted, for fleet runs the median TTFT and cold prefills per route, and for the offload case the prompt
-tokens each tier served. Only when matplotlib (extra ``plot``) is installed."""
+tokens each tier served, and for the multi-turn case the median TTFT by turn index, ON vs OFF. Only when
+matplotlib (extra ``plot``) is installed."""
 
 from __future__ import annotations
 
@@ -28,7 +29,25 @@ def plots(data: ReportData, folder: Path) -> list[str]:
         written.append(_fleet_plot(plt, data.fleet, folder))
     if data.offload:
         written.append(_tier_plot(plt, data.offload, folder))
+    turns = [r for r in data.pairs if len(r.runs) == 2 and all(run.turns for run in r.runs)]
+    if turns:
+        written.append(_turn_plot(plt, turns, folder))
     return written
+
+
+def _turn_plot(plt: Any, rows: Sequence[PairRow], folder: Path) -> str:
+    """multiturn.png: the multi-turn pairs' median TTFT by turn index (every repeat pooled), OFF and ON."""
+    from pytest_apc.verdicts.multiturn import ttft_by_turn
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for row in rows:
+        off, on = row.runs
+        for run, style, what in ((off, "o--", "OFF"), (on, "o-", "ON")):
+            by_turn = ttft_by_turn(run)
+            ax.plot(list(by_turn), list(by_turn.values()), style, label=f"{row.pair} c{row.concurrency} {what}")
+    ax.set(xlabel="turn", ylabel="median TTFT (ms)", title="Multi-turn: median TTFT by turn, APC off vs on")
+    ax.legend(fontsize=8)
+    return _save(plt, fig, folder / "multiturn.png")
 
 
 def _pair_plots(plt: Any, rows: Sequence[PairRow], folder: Path) -> list[str]:
@@ -44,11 +63,7 @@ def _pair_plots(plt: Any, rows: Sequence[PairRow], folder: Path) -> list[str]:
     ax.set_xticks(levels, [str(c) for c in levels])
     ax.minorticks_off()
     ax.legend(fontsize=8)
-    path = folder / "ttft.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    written.append(str(path))
+    written.append(_save(plt, fig, folder / "ttft.png"))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     labels = [f"{r.pair} c{r.concurrency}" for r in rows]
     xs = range(len(rows))
@@ -57,12 +72,15 @@ def _pair_plots(plt: Any, rows: Sequence[PairRow], folder: Path) -> list[str]:
     ax.set_xticks(list(xs), labels, rotation=60, fontsize=7)
     ax.set(ylabel="cached tokens", title="Cached tokens: measured vs predicted")
     ax.legend()
-    path = folder / "cached_tokens.png"
+    written.append(_save(plt, fig, folder / "cached_tokens.png"))
+    return written
+
+
+def _save(plt: Any, fig: Any, path: Path) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    written.append(str(path))
-    return written
+    return str(path)
 
 
 def _value(value: float | None) -> float:
@@ -95,11 +113,7 @@ def _fleet_plot(plt: Any, rows: Sequence[FleetRow], folder: Path) -> str:
     cold.yaxis.get_major_locator().set_params(integer=True)
     cold.set(ylabel="cold prefills", title="Cold prefills per route vs ideal")
     cold.legend(fontsize=8)
-    path = folder / "fleet.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return str(path)
+    return _save(plt, fig, folder / "fleet.png")
 
 
 def _tier_plot(plt: Any, rows: Sequence[TierRow], folder: Path) -> str:
@@ -123,8 +137,4 @@ def _tier_plot(plt: Any, rows: Sequence[TierRow], folder: Path) -> str:
     ax.set_ylim(0, tallest * 1.35)  # room for the legend above the bars
     ax.set(ylabel="prompt tokens", title="Prompt tokens by source: GPU cache, CPU tier, computed")
     ax.legend(fontsize=8, loc="upper center", ncol=2)
-    path = folder / "offload.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return str(path)
+    return _save(plt, fig, folder / "offload.png")

@@ -1,8 +1,8 @@
 """The verdicts: what a test asserts about measured runs, each a pass or a fail with a message.
 
 Owns the pair and run verdicts and their diagnoses (``verdict``), whether cached answers are the computed
-ones (``answers``), the offload tier's (``tiers``), where a
-fleet's requests landed (``locality``) and the statistics behind the timing verdicts (``stats``).
+ones (``answers``), the offload tier's (``tiers``), the multi-turn case's (``multiturn``), where a fleet's
+requests landed (``locality``) and the statistics behind the timing verdicts (``stats``).
 The suite's tests import this package: ``from pytest_apc import verdicts`` then ``verdicts.pure_effect(pair)``.
 
 Layer: above ``measure``; may import ``measure``, ``serving``, ``workload``, ``config`` and ``redaction``.
@@ -11,6 +11,7 @@ Layer: above ``measure``; may import ``measure``, ``serving``, ``workload``, ``c
 from __future__ import annotations
 
 from pytest_apc.verdicts.answers import same_answers
+from pytest_apc.verdicts.multiturn import compaction_hits, late_turn_ttft, turn_hits_match
 from pytest_apc.verdicts.tiers import eviction_predicted, hits_across_tiers, tier_pays_off
 from pytest_apc.verdicts.verdict import (
     Pair,
@@ -33,9 +34,11 @@ __all__ = [
     "Verdict",
     "apc_really_off",
     "cached_tokens_match",
+    "compaction_hits",
     "eviction_predicted",
     "fleet_accounting",
     "hits_across_tiers",
+    "late_turn_ttft",
     "not_comparable",
     "not_slower",
     "prefill_saved",
@@ -46,4 +49,5 @@ __all__ = [
     "same_as_default",
     "tier_pays_off",
     "ttft_gain",
+    "turn_hits_match",
 ]

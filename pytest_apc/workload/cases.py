@@ -11,6 +11,8 @@
 | R    | 32K    | 1K     | on  | fleet    | prefix_repetition, G prefixes, routed |
 | N    | 32K    | 1K     | on  | offload  | prefix_repetition, G prefixes; small GPU cache, no tier |
 | O    | 32K    | 1K     | on  | offload  | same; small GPU cache + a CPU tier (--kv-offloading-size) |
+| L    | 8K     | turns  | off | multiturn| custom (message lists): G conversations x T turns, one run per turn |
+| M    | 8K     | turns  | on  | multiturn| same                                  |
 
 R is the fleet case: C/D's lengths in G prefix groups (``--apc-prefix-groups``), sent through a router
 (one run per route: a router policy, vLLM's data-parallel balancer, or an external gateway) to several
@@ -58,10 +60,23 @@ class WorkloadSettings(Protocol):
     @property
     def offload_output_len(self) -> int: ...
 
+    @property
+    def multiturn_conversations(self) -> int: ...
+    @property
+    def multiturn_turns(self) -> int: ...
+    @property
+    def multiturn_prefix_len(self) -> int: ...
+    @property
+    def multiturn_user_len(self) -> int: ...
+    @property
+    def multiturn_reply_len(self) -> int: ...
+    @property
+    def multiturn_summary_len(self) -> int: ...
+
     def scaled(self, tokens: int) -> int: ...
 
 
-FAMILIES = ("overhead", "pure", "rag", "fleet", "offload")
+FAMILIES = ("overhead", "pure", "rag", "fleet", "offload", "multiturn")
 # The length settings each family's workload reads: (its shared prefix, None for none; its unique suffix).
 # Declared once: workload_for reads them, and the plan warns of a given length that no selected case reads.
 FAMILY_LENGTHS: dict[str, tuple[str | None, str]] = {
@@ -70,18 +85,22 @@ FAMILY_LENGTHS: dict[str, tuple[str | None, str]] = {
     "rag": ("rag_prefix_len", "input_len"),
     "fleet": ("prefix_len", "suffix_len"),
     "offload": ("prefix_len", "suffix_len"),
+    "multiturn": ("multiturn_prefix_len", "multiturn_user_len"),  # and the reply, summary and turn settings
 }
 # Compared case -> its baseline in a pair: ON -> OFF, and the offload tier -> the same cache without one.
-PAIRS = {"B": "A", "D": "C", "F": "E", "O": "N"}
+PAIRS = {"B": "A", "D": "C", "F": "E", "O": "N", "M": "L"}
 CASE_FAMILY = {
     "A": "overhead", "B": "overhead", "C": "pure", "D": "pure", "E": "rag", "F": "rag", "R": "fleet",
-    "N": "offload", "O": "offload",
+    "N": "offload", "O": "offload", "L": "multiturn", "M": "multiturn",
 }  # fmt: skip
-CASE_APC = {"A": False, "B": True, "C": False, "D": True, "E": False, "F": True, "R": True, "N": True, "O": True}
+CASE_APC = {
+    "A": False, "B": True, "C": False, "D": True, "E": False, "F": True, "R": True, "N": True, "O": True,
+    "L": False, "M": True,
+}  # fmt: skip
 # The families whose servers are not the user's plain server: measured only when selected by their marker,
 # never as part of ``-m apc`` (a fleet needs a router and replicas; the offload tier tens of GiB of pinned
 # host memory and a GPU).
-OWN_MARKER_FAMILIES = ("fleet", "offload")
+OWN_MARKER_FAMILIES = ("fleet", "offload", "multiturn")
 # The markers of the suite's test families (tests_apc), beside apc: a case family's, or the sweep's, or the
 # hash-algorithm comparison's.
 FAMILY_MARKERS = (*FAMILIES, "sweep", "hash_algo")
@@ -95,7 +114,11 @@ CASE_PURPOSE = {
     "R": "prefix groups routed across replicas",
     "N": "small GPU cache, no tier: evicted prefixes recomputed",
     "O": "small GPU cache + CPU offload tier",
+    "L": "multi-turn conversations, APC off",
+    "M": "multi-turn conversations: hits grow turn by turn",
 }
+# The multi-turn case's variant in which every history is replaced by a summary after K turns (M-c8-compact).
+COMPACT = "compact"
 # The offload case's servers: a GPU cache too small for the working set, without and with a CPU tier.
 SMALL_CACHE = "small-cache"
 OFFLOAD_TIER = "offload-tier"
@@ -123,10 +146,15 @@ class Workload:
 
     @property
     def dataset(self) -> str:
+        if self.family == "multiturn":
+            return "custom"
         return "prefix_repetition" if self.family in ("pure", "fleet", "offload") else "random"
 
     def dataset_args(self) -> list[str]:
-        """The dataset flags of ``vllm bench serve`` for this workload."""
+        """The dataset flags of ``vllm bench serve`` for this workload (the multi-turn case adds the
+        ``--dataset-path`` of each round's file)."""
+        if self.dataset == "custom":
+            return ["--dataset-name", "custom", "--custom-output-len", str(self.output_len), "--disable-shuffle"]
         if self.dataset == "prefix_repetition":
             return [
                 "--dataset-name", "prefix_repetition",
@@ -155,6 +183,15 @@ class Workload:
 def workload_for(family: str, settings: WorkloadSettings) -> Workload:
     """The family's workload under these settings (lengths scaled for the CPU profile)."""
     s = settings.scaled
+    if family == "multiturn":
+        # One round: one request per conversation. Its suffix is the longest conversation's own part (every
+        # turn's user message and reply), so that the context and the KV check cover the last turn.
+        turns = settings.multiturn_turns
+        own = turns * (s(settings.multiturn_user_len) + s(settings.multiturn_reply_len))
+        return Workload(
+            family, s(settings.multiturn_prefix_len), own, s(settings.multiturn_reply_len),
+            settings.multiturn_conversations, settings.seed,
+        )  # fmt: skip
     if family not in FAMILY_LENGTHS:  # pragma: no cover - guarded by FAMILIES
         raise ValueError(f"unknown case family {family!r}")
     prefix_setting, suffix_setting = FAMILY_LENGTHS[family]
@@ -202,6 +239,7 @@ class RunKey:
     concurrency: int
     hash_algo: str = ""  # "" = the server's default
     route: str = ""  # fleet case only: a router policy, DATA_PARALLEL or an external fleet's label
+    variant: str = ""  # multi-turn case only: "" or COMPACT
 
     @property
     def apc(self) -> bool:
@@ -216,6 +254,8 @@ class RunKey:
         """The deployment this run is measured on (every router policy shares one fleet of replicas)."""
         if self.family == "offload":
             return ServerMode(True, cache=OFFLOAD_TIER if self.case == "O" else SMALL_CACHE)
+        if self.family == "multiturn":
+            return ServerMode(self.apc)
         if not self.route:
             return ServerMode(self.apc, self.hash_algo)
         if self.route in ROUTER_POLICIES:
@@ -226,7 +266,8 @@ class RunKey:
 
     @property
     def id(self) -> str:
-        suffix = f"-{self.route or self.hash_algo}" if (self.route or self.hash_algo) else ""
+        label = self.route or self.hash_algo or self.variant
+        suffix = f"-{label}" if label else ""
         return f"{self.case}-c{self.concurrency}{suffix}"
 
     @classmethod
@@ -240,12 +281,18 @@ class RunKey:
             if not last:
                 raise ValueError(f"not a fleet run id: {text!r} (expected e.g. 'R-c4-round_robin')")
             return cls(parts[0], int(parts[1][1:]), route=last)
+        if CASE_FAMILY[parts[0]] == "multiturn":
+            if last not in ("", COMPACT):
+                raise ValueError(f"not a multi-turn run id: {text!r} (expected e.g. 'M-c8' or 'M-c8-{COMPACT}')")
+            return cls(parts[0], int(parts[1][1:]), variant=last)
         return cls(parts[0], int(parts[1][1:]), last)
 
     def pair(self) -> tuple[RunKey, RunKey]:
         """(baseline run, compared run) of this key's pair: (OFF, ON), or (no tier, tier) for the offload
         case; the baseline never carries a hash algorithm."""
         on_case = self.case if self.case in PAIRS else {v: k for k, v in PAIRS.items()}[self.case]
+        if self.family == "multiturn":
+            return RunKey(PAIRS[on_case], self.concurrency), RunKey(on_case, self.concurrency, variant=self.variant)
         return RunKey(PAIRS[on_case], self.concurrency), RunKey(on_case, self.concurrency, self.hash_algo)
 
 

@@ -14,7 +14,16 @@ from typing import Any
 
 from pytest_apc.config import SPEC_BY_NAME, SPECS, Settings
 from pytest_apc.redaction import redact
-from pytest_apc.workload.cases import CASE_APC, CASE_FAMILY, DATA_PARALLEL, FAMILY_LENGTHS, PAIRS, RunKey, ServerMode
+from pytest_apc.workload.cases import (
+    CASE_APC,
+    CASE_FAMILY,
+    COMPACT,
+    DATA_PARALLEL,
+    FAMILY_LENGTHS,
+    PAIRS,
+    RunKey,
+    ServerMode,
+)
 
 
 @dataclass
@@ -37,6 +46,7 @@ class Plan:
 FAMILY_ONLY = {
     "fleet": "no selected test measures a fleet (case R, -m fleet)",
     "offload": "no selected test measures the offload tier (cases N/O, -m offload)",
+    "multiturn": "no selected test measures multi-turn conversations (cases M/L, -m multiturn)",
 }
 # The baseline gate's settings: the baseline first, then what only matters with one.
 BASELINE_SETTINGS = ("baseline", "baseline_false_alarm", "baseline_repeats")
@@ -98,7 +108,7 @@ def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, C
         return lambda use: any(CASE_FAMILY[k.case] in names for k in use.keys if not k.hash_algo)
 
     def single_server(use: TestUse) -> bool:  # what the gate judges: the six cases' runs
-        return any(not k.route and k.family != "offload" for k in use.keys)
+        return any(not k.route and k.family not in ("offload", "multiturn") for k in use.keys)
 
     return [
         ("hash_algos", lambda use: any(k.hash_algo for k in use.keys), "no selected test compares hash algorithms"),
@@ -176,7 +186,7 @@ def fleet_routes(settings: Settings) -> tuple[str, ...]:
 
 
 # The keyword arguments of @pytest.mark.apc_cases(cases, ...), each a flag.
-APC_CASES_OPTIONS = ("sweep", "hash_algos", "sequential", "fleet")
+APC_CASES_OPTIONS = ("sweep", "hash_algos", "sequential", "fleet", "compact")
 # Why the offload cases skip on --cpu-node.
 NO_CPU_OFFLOAD = (
     "vLLM's CPU build has no KV offload tier (its native offloading connector needs CUDA or XPU): "
@@ -222,6 +232,11 @@ def parametrization(cases: str, options: Mapping[str, Any], settings: Settings) 
                 reason = f"concurrency 1 is not in --apc-offload-concurrency {','.join(map(str, levels))}"
                 return skipped(RunKey(cases[0], levels[0]), "no-c1", reason)
             levels = (1,)
+    if any(CASE_FAMILY[c] == "multiturn" for c in cases):
+        levels = settings.multiturn_concurrency
+        if options.get("compact"):  # the compaction variant: at the highest level only
+            keys = [RunKey(case, max(levels), variant=COMPACT) for case in cases]
+            return [RunParam(key.id, key.id) for key in keys]
     if options.get("fleet"):
         routes = fleet_routes(settings)
         if not routes:

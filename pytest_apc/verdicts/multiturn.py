@@ -1,0 +1,196 @@
+"""The multi-turn verdicts (cases M/L): hits turn by turn exactly as predicted, the compacted turn's hits
+falling to the global prefix, and late turns answered sooner with APC than without.
+
+A turn whose hits fall short is told apart by cause, the most direct evidence first: no lookups (APC off),
+preemptions, and eviction, when a replay of vLLM's block pool at the server's KV-cache size (an LRU pool,
+``workload.multiturn.replay``) loses blocks that an earlier turn left for a later one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pytest_apc.measure.records import RunRecord
+from pytest_apc.verdicts.stats import ratio_of_medians
+from pytest_apc.verdicts.verdict import Pair, Verdict
+from pytest_apc.workload.multiturn import TurnRecord
+
+
+def _turn_line(run: RunRecord, t: TurnRecord) -> str:
+    replay = f", replay {t.replayed:,}" if t.replayed is not None and t.replayed != t.predicted_hits else ""
+    mark = "" if t.hits == t.predicted_hits else "  <- differs"
+    compact = " (compacted)" if t.compacted else ""
+    return (
+        f"  repeat {t.repeat + 1} turn {t.turn}{compact}: hits {t.hits if t.hits is not None else '?'} / predicted "
+        f"{t.predicted_hits:,} of {sum(t.prompt_tokens):,} prompt tokens{replay}{mark}"
+    )
+
+
+def diagnose_turn(run: RunRecord, t: TurnRecord) -> str:
+    """Why one turn's hits differ from the prediction."""
+    info = run.server
+    if t.queries == 0:
+        return "APC is off on the server: it made no prefix-cache lookups"
+    if t.hits is not None and t.hits > t.predicted_hits:
+        return (
+            "more hits than any earlier request of the run can explain: the cache was not cold (the reset before "
+            "the repeat did not clear it) or the generated output matched the next turn's fixed reply"
+        )
+    held = _held_blocks(run, t)
+    if info.num_gpu_blocks and info.block_size and held > info.num_gpu_blocks - 1:  # block 0 holds no KV
+        return (
+            f"eviction: the server's KV cache of {info.num_gpu_blocks:,} blocks of {info.block_size} tokens cannot "
+            f"keep the conversations between turns: the turn before held {held:,} blocks "
+            + (f"(a replay of vLLM's block pool, LRU, at that size predicts {t.replayed:,} hits for turn {t.turn} "
+               f"instead of {t.predicted_hits:,}; measured {t.hits})" if t.replayed is not None else "")
+        )  # fmt: skip
+    if t.replayed is not None and t.replayed < t.predicted_hits:
+        return (
+            f"eviction: the server's KV cache of {info.num_gpu_blocks:,} blocks of {info.block_size} tokens cannot "
+            f"keep the conversations between turns; a replay of vLLM's block pool (LRU) at that size predicts "
+            f"{t.replayed:,} hits for turn {t.turn} instead of {t.predicted_hits:,} (measured {t.hits})"
+        )
+    return (
+        "the server prefilled other tokens than /tokenize gave, or its cache lost blocks between turns without "
+        "a block pool too small for them (preemptions, a reset during the run)"
+    )
+
+
+def _held_blocks(run: RunRecord, t: TurnRecord) -> int:
+    """KV blocks the previous round's requests left for this one: each request's prompt and output blocks,
+    the global prefix's counted once."""
+    info, p = run.server, run.prediction
+    before = next((u for u in run.turns if u.repeat == t.repeat and u.turn == t.turn - 1), None)
+    if before is None or not info.block_size:
+        return 0
+    block = info.block_size
+    own = sum(-(-(n + run.workload.output_len - 1) // block) for n in before.prompt_tokens)
+    shared = p.shared_blocks if p is not None else 0
+    return own - (len(before.prompt_tokens) - 1) * shared
+
+
+def turn_hits_match(run: RunRecord) -> Verdict:
+    """Every turn of every repeat hits exactly what was predicted: each request's longest common prefix with
+    a request prefilled before it since the reset, capped at its length - 1, in whole blocks."""
+    lines = [f"{run.key.id}: prefix-cache hits per turn, measured / predicted:"]
+    problems: list[str] = []
+    if not run.turns:
+        problems.append("the run has no turns (not a multi-turn run, or its prediction could not be made)")
+    for t in run.turns:
+        lines.append(_turn_line(run, t))
+        if t.hits != t.predicted_hits:
+            problems.append(f"repeat {t.repeat + 1} turn {t.turn}: {diagnose_turn(run, t)}")
+    numbers: dict[str, Any] = {
+        "turns": [
+            {"repeat": t.repeat, "turn": t.turn, "hits": t.hits, "predicted": t.predicted_hits, "replayed": t.replayed}
+            for t in run.turns
+        ],
+    }
+    message = "\n".join(lines + [f"- {p}" for p in dict.fromkeys(problems)])
+    return Verdict("multiturn_hits", [run.key.id], not problems, message, numbers)
+
+
+def compaction_hits(run: RunRecord) -> Verdict:
+    """The first compacted turn's requests hit the global prefix (in whole blocks), measured as predicted, and
+    fewer than the turn before. A summary's first words may match another conversation's by chance (the
+    prediction counts them), so a request may hit up to one block beyond the global prefix, never more."""
+    problems: list[str] = []
+    lines = [f"{run.key.id}: compaction"]
+    p = run.prediction
+    first = [t for t in run.turns if t.compacted and t.turn == min(u.turn for u in run.turns if u.compacted)]
+    if not first or p is None:
+        problems.append("the run has no compacted turn or no prediction")
+    global_hit = (p.shared_prefix_tokens // p.block_size * p.block_size) if p else 0
+    for t in first:
+        before = next((u for u in run.turns if u.repeat == t.repeat and u.turn == t.turn - 1), None)
+        lines.append(_turn_line(run, t))
+        if before is not None:
+            lines.append(f"    turn {before.turn} before it hit {before.hits} (predicted {before.predicted_hits:,})")
+        requests = len(t.prompt_tokens)
+        lines.append(
+            f"    predicted per request: {t.predicted} (the global prefix, {global_hit} tokens in whole blocks, "
+            f"for {requests} requests)"
+        )
+        if p is not None and any(not global_hit <= h <= global_hit + p.block_size for h in t.predicted):
+            problems.append(
+                f"turn {t.turn}: the prediction per request {t.predicted} is not the global prefix "
+                f"({global_hit} tokens, up to one block more): the summary did not replace the history"
+            )
+        if t.hits != t.predicted_hits:
+            problems.append(f"repeat {t.repeat + 1} turn {t.turn}: {diagnose_turn(run, t)}")
+        if before is not None and before.hits is not None and t.hits is not None and t.hits >= before.hits:
+            problems.append(f"turn {t.turn}: hits did not fall after compaction ({before.hits} -> {t.hits})")
+    message = "\n".join(lines + [f"- {x}" for x in dict.fromkeys(problems)])
+    return Verdict("multiturn_compaction", [run.key.id], not problems, message, {"global_prefix_hit": global_hit})
+
+
+def late_turns(run: RunRecord) -> list[TurnRecord]:
+    """The second half of the turns (turn >= T // 2), where the history dominates the prompt."""
+    last = max((t.turn for t in run.turns), default=0)
+    return [t for t in run.turns if t.turn >= (last + 1) // 2]
+
+
+def late_turn_ttft(pair: Pair) -> Verdict:
+    """TTFT of the late turns, every cold repeat pooled, ON against OFF: up to --apc-multiturn-gain-concurrency
+    the bootstrap interval of median OFF / median ON lies above 1 (as ``ttft_gain``); above it (and at every
+    level when it is 0) it is held to not being slower, within --apc-overhead-tolerance. The message gives the
+    gain of every turn index and the prefill bound the history share implies (prompt tokens over the tokens
+    left to compute), which the gain should approach as the history grows."""
+    ids = [pair.off.key.id, pair.on.key.id]
+    off = np.asarray([v for t in late_turns(pair.off) for v in t.ttfts_ms], dtype=float)
+    on = np.asarray([v for t in late_turns(pair.on) for v in t.ttfts_ms], dtype=float)
+    if not off.size or not on.size:
+        return Verdict("multiturn_ttft", ids, False, f"{pair.id}: no per-turn TTFTs")
+    s = pair.settings
+    gain = ratio_of_medians(off, on, samples=s.bootstrap_samples, confidence=s.confidence)
+    turns = sorted({t.turn for t in late_turns(pair.on)})
+    bound = prefill_bound(late_turns(pair.on))
+    by_turn_off, by_turn_on = ttft_by_turn(pair.off), ttft_by_turn(pair.on)
+    per_turn = {t: by_turn_off[t] / by_turn_on[t] for t in by_turn_on if t in by_turn_off and by_turn_on[t] > 0}
+    concurrency, limit = pair.on.key.concurrency, s.multiturn_gain_concurrency
+    must_gain = bool(limit) and concurrency <= limit
+    message = (
+        f"{pair.id} at concurrency {concurrency}: median TTFT of turns {turns[0]}-{turns[-1]} "
+        f"{np.median(off):,.1f} -> {np.median(on):,.1f} ms, gain {gain} next to its prefill bound "
+        + (f"{bound:.2f}x" if bound else "?")
+        + "\n  gain by turn: " + ", ".join(f"turn {t} {g:.2f}x" for t, g in sorted(per_turn.items()))
+    )  # fmt: skip
+    if must_gain:
+        ok = gain.low > 1.0
+        if not ok:
+            message += "\n- the gain is not significant: its interval reaches 1.0 (no improvement)"
+    else:
+        tol = s.overhead_tolerance
+        slowdown_low = 1 / gain.high if gain.high else float("inf")
+        ok = slowdown_low <= 1 + tol
+        message += (
+            f"\n  held to not being slower at concurrency {concurrency} (--apc-multiturn-gain-concurrency "
+            f"{limit}), tolerance {tol:.0%}"
+        )
+        if not ok:
+            message += f"\n- the late turns are slower with APC by at least {slowdown_low - 1:.0%}"
+    numbers = {"ttft_speedup": gain.estimate, "ttft_speedup_low": gain.low, "ttft_speedup_high": gain.high,
+               "median_ttft_off_ms": float(np.median(off)), "median_ttft_on_ms": float(np.median(on)),
+               "turns": turns, "prefill_bound": bound, "gain_by_turn": {str(t): g for t, g in per_turn.items()},
+               "gain_required": must_gain}  # fmt: skip
+    return Verdict("multiturn_ttft", ids, ok, message, numbers)
+
+
+def prefill_bound(turns: list[TurnRecord]) -> float | None:
+    """Prompt tokens over the tokens left to compute once the predicted hits are served: the most a cache can
+    cut these turns' prefill work by."""
+    prompt = sum(sum(t.prompt_tokens) for t in turns)
+    left = prompt - sum(t.predicted_hits for t in turns)
+    return prompt / left if left > 0 else None
+
+
+def ttft_by_turn(run: RunRecord) -> dict[int, float]:
+    """Median TTFT (ms) per turn index, every repeat pooled (the plot and the summary)."""
+    out: dict[int, float] = {}
+    for turn in sorted({t.turn for t in run.turns}):
+        values = [v for t in run.turns if t.turn == turn for v in t.ttfts_ms]
+        if values:
+            out[turn] = float(np.median(values))
+    return out

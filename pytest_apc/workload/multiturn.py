@@ -1,0 +1,249 @@
+"""The multi-turn case (M on the APC-on server, L on the APC-off one): what it sends and what it predicts.
+
+G conversations of T turns share one global prefix (a system prompt and tool definitions, P tokens of
+seeded text). Turn t of a conversation sends its whole history: the global prefix, every earlier user
+message (U tokens) each followed by a fixed synthetic assistant reply (A tokens; fixed, so that the next
+prompt does not depend on what the model generated), and the new user message. Round t is turn t of every
+conversation, one benchmark run; the next round starts once every request of this one finished.
+
+The compaction variant (``M-c<N>-compact``) replaces a conversation's history after K turns by a short
+summary after the global prefix: its turn K hits the global prefix only, and the turns after it hit the
+summary-based history again.
+
+The prediction is exact given the token ids the server prefills (``/tokenize`` with each request's
+messages): a request's cached tokens are its longest common prefix with any request prefilled before it
+on that server since the reset, capped at its length - 1 (vLLM computes the last prompt token) and floored
+to whole blocks. ``replay`` runs the same requests through an LRU block pool of a given size, to tell a
+cache too small to keep a conversation between turns from a broken one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Words of one token each in most tokenizers (English and Python text): lengths in words are close to tokens.
+_WORDS = tuple(
+    [
+        "the",
+        "and",
+        "for",
+        "with",
+        "this",
+        "that",
+        "from",
+        "return",
+        "self",
+        "value",
+        "list",
+        "name",
+        "data",
+        "file",
+        "line",
+        "time",
+        "type",
+        "none",
+        "true",
+        "false",
+        "import",
+        "class",
+        "def",
+        "if",
+        "else",
+        "while",
+        "try",
+        "except",
+        "print",
+        "open",
+        "read",
+        "write",
+        "path",
+        "text",
+        "size",
+        "key",
+        "item",
+    ]
+)
+
+Message = dict[str, str]
+
+
+def text(tokens: int, rng: random.Random) -> str:
+    """About ``tokens`` tokens of seeded text."""
+    return " ".join(rng.choice(_WORDS) for _ in range(max(1, tokens)))
+
+
+@dataclass(frozen=True)
+class Conversations:
+    """The multi-turn workload: every message of every conversation, fixed by the seed."""
+
+    conversations: int
+    turns: int
+    prefix_len: int
+    user_len: int
+    reply_len: int
+    summary_len: int
+    seed: int
+    compact_after: int = 0  # 0: never compacted
+
+    def _rng(self, *parts: int) -> random.Random:
+        return random.Random(f"{self.seed}-" + "-".join(map(str, parts)))
+
+    def system(self) -> str:
+        rng = self._rng(0)
+        return "You are a coding agent. Tools: " + text(self.prefix_len, rng)
+
+    def user(self, conversation: int, turn: int) -> str:
+        return text(self.user_len, self._rng(1, conversation, turn))
+
+    def reply(self, conversation: int, turn: int) -> str:
+        return text(self.reply_len, self._rng(2, conversation, turn))
+
+    def summary(self, conversation: int) -> str:
+        return text(self.summary_len, self._rng(3, conversation))
+
+    def compacted(self, turn: int) -> bool:
+        """Whether turn ``turn``'s history starts from the summary."""
+        return 0 < self.compact_after <= turn
+
+    def messages(self, conversation: int, turn: int) -> list[Message]:
+        """What turn ``turn`` (0-based) of ``conversation`` sends."""
+        out: list[Message] = [{"role": "system", "content": self.system()}]
+        first = 0
+        if self.compacted(turn):
+            out += [
+                {"role": "user", "content": self.summary(conversation)},
+                {"role": "assistant", "content": "Noted."},
+            ]
+            first = self.compact_after
+        for j in range(first, turn):
+            out += [
+                {"role": "user", "content": self.user(conversation, j)},
+                {"role": "assistant", "content": self.reply(conversation, j)},
+            ]
+        out.append({"role": "user", "content": self.user(conversation, turn)})
+        return out
+
+    def round(self, turn: int) -> list[list[Message]]:
+        """Round ``turn``: one request per conversation, in sending order."""
+        return [self.messages(c, turn) for c in range(self.conversations)]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def cached_tokens(tokens: Sequence[int], earlier: Sequence[Sequence[int]], block_size: int) -> int:
+    """What vLLM's prefix cache serves a request: its longest common prefix with any earlier request, capped
+    at len - 1 and floored to whole blocks (only full blocks are cached; the last prompt token is computed)."""
+    longest = max((common_prefix(tokens, e) for e in earlier), default=0)
+    return min(longest, len(tokens) - 1) // block_size * block_size
+
+
+def predict_rounds(rounds: Sequence[Sequence[Sequence[int]]], block_size: int) -> list[list[int]]:
+    """Cached tokens of every request of every round, on a cache that keeps everything since the reset."""
+    seen: list[Sequence[int]] = []
+    out: list[list[int]] = []
+    for requests in rounds:
+        hits = []
+        for tokens in requests:
+            hits.append(cached_tokens(tokens, seen, block_size))
+            seen.append(tokens)
+        out.append(hits)
+    return out
+
+
+def replay(
+    rounds: Sequence[Sequence[Sequence[int]]],
+    output_len: int,
+    block_size: int,
+    gpu_blocks: int,
+    concurrency: int,
+) -> tuple[list[list[int]], int]:
+    """Cached tokens per request, and the cached blocks evicted, through an LRU pool of ``gpu_blocks``
+    blocks (block 0 is vLLM's null block, never used for KV): requests run ``concurrency`` at a time in
+    sending order, each holding its prompt and output blocks; a finished request's blocks are freed tail
+    first (evicted first), and a block is evicted only when a request needs a free block and none is left
+    unused. Exact at concurrency 1 (as ``eviction.local_hits``); above it, an approximation for the
+    diagnosis."""
+    cached: OrderedDict[tuple[Any, ...], None] = OrderedDict()  # free, still cached blocks, LRU first
+    held: dict[tuple[Any, ...], int] = {}  # blocks in use -> how many running requests hold them
+    evicted = 0
+    out: list[list[int]] = []
+
+    def keys(tokens: Sequence[int]) -> list[tuple[Any, ...]]:
+        return [tuple(tokens[: (i + 1) * block_size]) for i in range(len(tokens) // block_size)]
+
+    for requests in rounds:
+        hits: list[int] = []
+        for start in range(0, len(requests), concurrency):
+            chunk = requests[start : start + concurrency]
+            running: list[list[tuple[Any, ...]]] = []
+            for tokens in chunk:
+                blocks = keys(tokens)
+                limit = (len(tokens) - 1) // block_size
+                hit = 0
+                for key in blocks[:limit]:
+                    if key in held or key in cached:
+                        hit += 1
+                    else:
+                        break
+                hits.append(hit * block_size)
+                total = -(-(len(tokens) + output_len - 1) // block_size)  # the last token is not stored
+                mine: list[tuple[Any, ...]] = []
+                for i in range(total):
+                    key = blocks[i] if i < len(blocks) else ("own", len(out), start, len(running), i)
+                    if key in held:
+                        held[key] += 1
+                    else:
+                        cached.pop(key, None)
+                        if len(held) + len(cached) >= gpu_blocks - 1 and cached:
+                            cached.popitem(last=False)
+                            evicted += 1
+                        held[key] = 1
+                    mine.append(key)
+                running.append(mine)
+            for mine in running:
+                for key in reversed(mine):
+                    held[key] -= 1
+                    if held[key] == 0:
+                        del held[key]
+                        if isinstance(key[0], int):
+                            cached[key] = None
+        out.append(hits)
+    return out, evicted
+
+
+@dataclass
+class TurnRecord:
+    """One round of one cold repeat of a multi-turn run, as measured and as predicted."""
+
+    repeat: int
+    turn: int
+    compacted: bool
+    prompt_tokens: list[int]  # per request, as the server tokenized it
+    predicted: list[int]  # cached tokens per request
+    hits: int | None  # the server's prefix-cache hits over the round (None: not read)
+    queries: int | None
+    ttfts_ms: list[float] = field(default_factory=list)
+    replayed: int | None = None  # the hits an LRU replay of the server's block pool gives (its KV size)
+
+    @property
+    def predicted_hits(self) -> int:
+        return sum(self.predicted)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "predicted_hits": self.predicted_hits}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TurnRecord:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)

@@ -1,0 +1,265 @@
+"""The multi-turn case: the conversations it sends, the exact per-turn prediction, the block-pool replay that
+names eviction, the verdicts and the run ids. Token ids and counters are made up here; the real-vLLM run is
+tests/test_e2e_multiturn.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from pytest_apc.measure.bench import chat_samples
+from pytest_apc.measure.multiturn import merged_bench, prediction, sum_deltas
+from pytest_apc.measure.records import Repeat, RunRecord
+from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.metrics import Delta
+from pytest_apc.verdicts import compaction_hits, late_turn_ttft, turn_hits_match
+from pytest_apc.verdicts.verdict import Pair
+from pytest_apc.workload.cases import COMPACT, RunKey, ServerMode, Workload
+from pytest_apc.workload.multiturn import Conversations, TurnRecord, cached_tokens, predict_rounds, replay
+
+B = 4
+
+
+def conv(**kw: int) -> Conversations:
+    args = {"conversations": 3, "turns": 4, "prefix_len": 20, "user_len": 6, "reply_len": 4, "summary_len": 5,
+            "seed": 0, **kw}  # fmt: skip
+    return Conversations(**args)
+
+
+def test_every_turn_sends_the_whole_history_with_fixed_replies() -> None:
+    c = conv()
+    msgs = c.messages(1, 2)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert msgs[0]["content"] == c.system() == c.messages(0, 0)[0]["content"]  # one global prefix
+    assert msgs[2]["content"] == c.reply(1, 0)
+    # The next turn extends this one: its messages start with these, the new reply in between.
+    nxt = c.messages(1, 3)
+    assert nxt[: len(msgs)] == msgs
+    assert nxt[len(msgs)]["content"] == c.reply(1, 2)
+    assert c == conv()
+    assert c.user(0, 0) == conv().user(0, 0)
+    assert c.user(0, 0) != c.user(1, 0)
+
+
+def test_compaction_replaces_the_history_by_a_summary_after_k_turns() -> None:
+    c = conv(compact_after=2)
+    assert not c.compacted(1)
+    assert c.compacted(2)
+    assert c.compacted(3)
+    two = c.messages(0, 2)
+    assert [m["role"] for m in two] == ["system", "user", "assistant", "user"]
+    assert two[1]["content"] == c.summary(0)
+    three = c.messages(0, 3)
+    assert three[:4] == two
+    assert three[4]["content"] == c.reply(0, 2)
+
+
+def test_cached_tokens_are_the_longest_common_prefix_in_whole_blocks_capped_at_len_minus_one() -> None:
+    assert cached_tokens([1, 2, 3, 4, 5, 6, 7, 8, 9], [[1, 2, 3, 4, 5, 6, 7, 0]], B) == 4  # 7 shared -> 1 block
+    assert cached_tokens([1, 2, 3, 4, 5, 6, 7, 8], [[1, 2, 3, 4, 5, 6, 7, 8, 9]], B) == 4  # capped at len - 1 = 7
+    assert cached_tokens([1, 2, 3, 4, 5, 6, 7, 8, 9], [[1, 2, 3, 4, 5, 6, 7, 8, 0]], B) == 8
+    assert cached_tokens([1, 2, 3], [], B) == 0
+
+
+def rounds_of(c: Conversations) -> list[list[list[int]]]:
+    """Token ids standing in for /tokenize: one id per word, the roles as ids of their own."""
+    vocab: dict[str, int] = {}
+
+    def ids(messages: list[dict[str, str]]) -> list[int]:
+        out = [0]
+        for m in messages:
+            out.append(vocab.setdefault(f"<{m['role']}>", len(vocab) + 1))
+            out += [vocab.setdefault(w, len(vocab) + 1) for w in m["content"].split()]
+        return [*out, vocab.setdefault("<assistant>", len(vocab) + 1)]
+
+    return [[ids(m) for m in c.round(t)] for t in range(c.turns)]
+
+
+def test_hits_grow_turn_by_turn_and_fall_to_the_global_prefix_after_compaction() -> None:
+    rounds = rounds_of(conv())
+    hits = predict_rounds(rounds, B)
+    # Round 0: the first request computes the global prefix, the others hit its whole blocks.
+    glob = hits[0][1]
+    assert hits[0][0] == 0
+    assert glob > 0
+    assert hits[0] == [0, glob, glob]
+    totals = [sum(h) for h in hits]
+    assert totals == sorted(totals)
+    assert totals[3] > totals[1] > totals[0]
+    # Each later turn hits its own previous request, to the last whole block of it.
+    for t in range(1, 4):
+        for c in range(3):
+            assert hits[t][c] == cached_tokens(rounds[t][c], [rounds[t - 1][c]], B)
+    compacted = predict_rounds(rounds_of(conv(compact_after=2)), B)
+    # The summary is new: only the global prefix is left to hit (and a block of words another summary
+    # happens to start with).
+    assert all(glob <= h <= glob + B for h in compacted[2])
+    assert compacted[2][0] == glob
+    assert compacted[3][0] > glob
+
+
+def test_the_replay_keeps_everything_in_a_large_pool_and_evicts_in_a_small_one() -> None:
+    rounds = rounds_of(conv())
+    exact = predict_rounds(rounds, B)
+    big, evicted = replay(rounds, 4, B, 10_000, 1)
+    assert big == exact
+    assert evicted == 0
+    longest = max(len(t) for r in rounds for t in r)
+    small, evicted = replay(rounds, 4, B, -(-(longest + 4) // B) + 2, 1)
+    assert evicted > 0
+    assert sum(map(sum, small)) < sum(map(sum, exact))
+
+
+def record(case: str, turns: list[TurnRecord], *, gpu_blocks: int | None = None, variant: str = "") -> RunRecord:
+    key = RunKey(case, 8, variant=variant)
+    info = ServerInfo(key.mode.name, [], "", "", block_size=B, num_gpu_blocks=gpu_blocks)
+    delta = Delta(10, 0, 10, 10, 0, 0, 0, {})
+    bench = {"completed": 3, "failed": 0, "total_input_tokens": 10, "duration": 1.0, "ttfts": [0.1, 0.2]}
+    run = RunRecord(key, Workload("multiturn", 20, 40, 4, 3, 0), info, [Repeat(bench, delta, None, None, "", "")], 0, 1)
+    run.turns = turns
+    rounds = rounds_of(conv())
+    run.prediction = prediction(rounds, predict_rounds(rounds, B), B, 24)
+    return run
+
+
+def turn(t: int, predicted: list[int], hits: int, *, replayed: int | None = None, ttft: float = 10.0) -> TurnRecord:
+    return TurnRecord(0, t, t >= 2, [40] * 3, predicted, hits, 120, [ttft] * 3, replayed)
+
+
+def test_turn_hits_pass_when_exact_and_name_eviction_when_the_replay_loses_blocks() -> None:
+    ok = record("M", [turn(0, [0, 24, 24], 48), turn(1, [28, 28, 28], 84)])
+    v = turn_hits_match(ok)
+    assert v.passed
+    assert "turn 1: hits 84 / predicted 84" in v.message
+    evicted = record("M", [turn(0, [0, 24, 24], 48), turn(1, [28, 28, 28], 24, replayed=24)], gpu_blocks=12)
+    v = turn_hits_match(evicted)
+    assert not v.passed
+    assert "eviction" in v.message
+    assert "12 blocks" in v.message
+    assert "APC" not in v.message
+    broken = record("M", [turn(0, [0, 24, 24], 48), turn(1, [28, 28, 28], 24, replayed=84)], gpu_blocks=1000)
+    v = turn_hits_match(broken)
+    assert not v.passed
+    assert "eviction" not in v.message
+    off = TurnRecord(0, 1, False, [40] * 3, [28] * 3, 0, 0)
+    assert "APC is off" in turn_hits_match(record("M", [off])).message
+
+
+def test_compaction_hits_fall_to_the_global_prefix_as_predicted() -> None:
+    good = [turn(1, [28, 28, 28], 84), turn(2, [24, 24, 24], 72), turn(3, [36, 36, 36], 108)]
+    v = compaction_hits(record("M", good, variant=COMPACT))
+    assert v.passed, v.message
+    assert v.numbers["global_prefix_hit"] == 24
+    short = [turn(1, [28, 28, 28], 84), turn(2, [24, 24, 24], 48)]
+    assert not compaction_hits(record("M", short, variant=COMPACT)).passed
+
+
+def test_late_turns_are_judged_by_a_bootstrap_interval_of_their_ttfts() -> None:
+    settings = SimpleNamespace(bootstrap_samples=500, confidence=0.95, multiturn_gain_concurrency=8,
+                               overhead_tolerance=0.10)  # fmt: skip
+    rng = np.random.default_rng(0)
+
+    def turns(scale: float) -> list[TurnRecord]:
+        return [TurnRecord(0, t, False, [40], [8 * t], 0, 40, list(rng.normal(scale * (1 + t), 1, 20)))
+                for t in range(4)]  # fmt: skip
+
+    faster = Pair(record("L", turns(50)), record("M", turns(10)), settings)  # type: ignore[arg-type]
+    v = late_turn_ttft(faster)
+    assert v.passed, v.message
+    assert v.numbers["turns"] == [2, 3]
+    assert v.numbers["ttft_speedup_low"] > 1
+    assert v.numbers["gain_required"]
+    # Turns 2 and 3 predict 16 and 24 of 40 tokens cached: 80 prompt tokens, 40 left to compute.
+    assert v.numbers["prefill_bound"] == 2.0
+    assert "prefill bound 2.00x" in v.message
+    assert set(v.numbers["gain_by_turn"]) == {"0", "1", "2", "3"}
+    assert "turn 3 5.0" in v.message  # medians 200 / 40
+    same = Pair(record("L", turns(10)), record("M", turns(10)), settings)  # type: ignore[arg-type]
+    v = late_turn_ttft(same)
+    assert not v.passed
+    assert "not significant" in v.message
+
+
+def test_above_the_gain_concurrency_late_turns_are_held_to_not_being_slower() -> None:
+    rng = np.random.default_rng(1)
+
+    def turns(scale: float) -> list[TurnRecord]:
+        return [TurnRecord(0, t, False, [40], [0], 0, 40, list(rng.normal(scale, 1, 20))) for t in range(4)]
+
+    held = SimpleNamespace(bootstrap_samples=500, confidence=0.95, multiturn_gain_concurrency=0,
+                           overhead_tolerance=0.10)  # fmt: skip
+    same = Pair(record("L", turns(10)), record("M", turns(10)), held)  # type: ignore[arg-type]
+    v = late_turn_ttft(same)
+    assert v.passed, v.message
+    assert not v.numbers["gain_required"]
+    assert "held to not being slower at concurrency 8" in v.message
+    slower = Pair(record("L", turns(10)), record("M", turns(20)), held)  # type: ignore[arg-type]
+    v = late_turn_ttft(slower)
+    assert not v.passed
+    assert "slower with APC by at least" in v.message
+    # A limit below the run's concurrency holds it too; one at or above requires the gain.
+    below = SimpleNamespace(**{**held.__dict__, "multiturn_gain_concurrency": 4})
+    assert late_turn_ttft(Pair(record("L", turns(10)), record("M", turns(10)), below)).passed  # type: ignore[arg-type]
+
+
+def test_run_ids_and_pairs_of_the_multiturn_case() -> None:
+    key = RunKey.parse("M-c8-compact")
+    assert key == RunKey("M", 8, variant=COMPACT)
+    assert key.id == "M-c8-compact"
+    assert key.mode == ServerMode(True)
+    assert RunKey.parse("L-c1").mode == ServerMode(False)
+    assert RunKey.parse("M-c1").pair() == (RunKey("L", 1), RunKey("M", 1))
+
+
+def test_the_records_round_trip_with_their_turns() -> None:
+    run = record("M", [turn(0, [0, 24, 24], 48)])
+    data = json.loads(json.dumps(run.to_json()))
+    assert data["turns"][0]["predicted_hits"] == 48
+    back = RunRecord.from_json(data)
+    assert back.turns == run.turns
+
+
+def test_rounds_merge_into_one_repeat() -> None:
+    one = {"completed": 2, "failed": 0, "total_input_tokens": 5, "duration": 1.0, "ttfts": [0.1]}
+    two = {"completed": 2, "failed": 0, "total_input_tokens": 7, "duration": 2.0, "ttfts": [0.3]}
+    merged = merged_bench([one, two])
+    assert merged["completed"] == 4
+    assert merged["total_input_tokens"] == 12
+    assert merged["duration"] == 3.0
+    assert merged["ttfts"] == [0.1, 0.3]
+    assert round(merged["median_ttft_ms"]) == 200
+    d = Delta(1, 2, 3, None, 0, 0, 0, {})
+    total = sum_deltas([d, d])
+    assert total is not None
+    assert total.prefix_cache_hits == 4
+    assert total.computed_tokens is None
+    assert sum_deltas([d, None]) is None
+
+
+def test_a_message_list_file_becomes_vllm_samples_with_their_messages(tmp_path: Path) -> None:
+    path = tmp_path / "round.jsonl"
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    path.write_text(json.dumps({"prompt": messages, "prompt_len": 9, "output_tokens": 3}) + "\n")
+    (sample,) = (
+        chat_samples(SimpleNamespace(dataset_name="custom", dataset_path=str(path), request_id_prefix="x")) or []
+    )
+    assert sample.chat_messages == messages
+    assert sample.prompt_len == 9
+    assert sample.expected_output_len == 3
+    assert sample.request_id == "x0"
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"prompt": "text"}) + "\n")
+    assert chat_samples(SimpleNamespace(dataset_name="custom", dataset_path=str(plain))) is None
+    assert chat_samples(SimpleNamespace(dataset_name="random", dataset_path=None)) is None
+
+
+def test_the_first_round_sends_its_first_request_alone_so_the_global_prefix_is_cached_first() -> None:
+    from pytest_apc.measure.multiturn import round_parts
+
+    assert round_parts(0, 8) == [(0, 1), (1, 8)]
+    assert round_parts(0, 1) == [(0, 1)]
+    assert round_parts(1, 8) == [(0, 8)]
+    assert round_parts(5, 3) == [(0, 3)]
