@@ -560,7 +560,7 @@ class Settings:
             "Concurrency up to which E/F must show a significant TTFT gain (above it queueing dominates TTFT, so "
             "the pair is held only to not being slower: median TTFT and duration within --apc-overhead-tolerance); "
             "0: at no level. On the tiny CPU model attention, which APC saves less of, dominates E/F's prefill, "
-            "and the gain at concurrency 1 (1.04x [0.98, 1.22] in one CI run) is within a 2-core machine's noise"
+            "and its gain at concurrency 1 is within a 2-core machine's noise"
         ),
         "N",
         cpu=0,
