@@ -263,3 +263,17 @@ def test_the_first_round_sends_its_first_request_alone_so_the_global_prefix_is_c
     assert round_parts(0, 1) == [(0, 1)]
     assert round_parts(1, 8) == [(0, 8)]
     assert round_parts(5, 3) == [(0, 3)]
+
+
+def test_turn_hits_fail_without_a_prediction_and_name_counters_that_were_not_read() -> None:
+    run = record("M", [turn(0, [0, 0, 0], 0)])
+    run.prediction = None  # a server that reported no block size: every "prediction" is 0
+    v = turn_hits_match(run)
+    assert not v.passed
+    assert "no prediction" in v.message
+    unread = record("M", [TurnRecord(0, 1, False, [40] * 3, [28, 28, 28], None, None, [10.0] * 3)])
+    unread.repeats[0].metrics_error = "GET /metrics: connection refused"
+    v = turn_hits_match(unread)
+    assert not v.passed
+    assert "counters were not read around this turn: GET /metrics: connection refused" in v.message
+    assert "eviction" not in v.message

@@ -1,8 +1,8 @@
 """The multi-turn verdicts (cases M/L): hits turn by turn exactly as predicted, the compacted turn's hits
 falling to the global prefix, and late turns answered sooner with APC than without.
 
-A turn whose hits fall short is told apart by cause, the most direct evidence first: no lookups (APC off),
-preemptions, and eviction, when a replay of vLLM's block pool at the server's KV-cache size (an LRU pool,
+A turn whose hits fall short is told apart by cause, the most direct evidence first: counters not read, no
+lookups (APC off), and eviction, when a replay of vLLM's block pool at the server's KV-cache size (an LRU pool,
 ``workload.multiturn.replay``) loses blocks that an earlier turn left for a later one.
 """
 
@@ -31,6 +31,11 @@ def _turn_line(run: RunRecord, t: TurnRecord) -> str:
 def diagnose_turn(run: RunRecord, t: TurnRecord) -> str:
     """Why one turn's hits differ from the prediction."""
     info = run.server
+    if t.hits is None:
+        errors = [r.metrics_error for r in run.repeats if r.metrics_error]
+        return "the server's prefix-cache counters were not read around this turn" + (
+            f": {errors[0]}" if errors else ""
+        )
     if t.queries == 0:
         return "APC is off on the server: it made no prefix-cache lookups"
     if t.hits is not None and t.hits > t.predicted_hits:
@@ -78,6 +83,11 @@ def turn_hits_match(run: RunRecord) -> Verdict:
     problems: list[str] = []
     if not run.turns:
         problems.append("the run has no turns (not a multi-turn run, or its prediction could not be made)")
+    if run.prediction is None:
+        problems.append(
+            "no prediction: the server reported no KV block size (vllm:cache_config_info), so the hits a turn "
+            "must get cannot be computed"
+        )
     for t in run.turns:
         lines.append(_turn_line(run, t))
         if t.hits != t.predicted_hits:
