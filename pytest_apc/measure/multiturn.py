@@ -158,8 +158,7 @@ def measure(
                 part_deltas.append(part_delta)
                 files.append(str(outcome.result_path))
                 commands.append(outcome.command)
-            result = merged_bench(part_results) if len(parts) > 1 else part_results[0]
-            delta = sum_deltas(part_deltas) if len(parts) > 1 else part_deltas[0]
+            result, delta = merged_bench(part_results), sum_deltas(part_deltas)
             results.append(result)
             deltas.append(delta)
             turns.append(

@@ -429,5 +429,5 @@ def _record_from_state(state: dict[str, Any]) -> RunRecord:
         local_hits_predicted=state.get("local_hits_predicted"),
         probes=[Probe.from_json(p) for p in state.get("probes") or []],
         probe_error=state.get("probe_error"),
-        turns=[TurnRecord(**t) for t in state.get("turns") or []],
+        turns=[TurnRecord.from_json(t) for t in state.get("turns") or []],
     )

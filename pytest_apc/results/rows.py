@@ -422,9 +422,8 @@ def pair_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes, settings:
     outcome (runs on --apc-hash-algos servers are compared with the default's in ``algo_rows``)."""
     rows = []
     for key in sorted(records, key=lambda k: (k.case, k.concurrency)):
-        if (
-            key.case not in PAIRS or key.hash_algo or key.variant or key.family == "offload"
-        ):  # the tiers have rows of their own
+        # The tiers have rows of their own; a variant (M-c8-compact) has no OFF twin.
+        if key.case not in PAIRS or key.hash_algo or key.variant or key.family == "offload":
             continue
         off = records.get(RunKey(PAIRS[key.case], key.concurrency))
         if off is None:
