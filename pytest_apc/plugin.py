@@ -68,12 +68,13 @@ MARKERS = (
     "--apc-sweep-concurrency (sweep), or per --apc-hash-algos; case R once per route (fleet: each "
     "--apc-router-policies policy, dp with --apc-data-parallel-size, or --apc-fleet-url's --apc-route-label); "
     "cases N/O over --apc-offload-concurrency (sequential: at concurrency 1 only); cases M/L over "
-    "--apc-multiturn-concurrency (compact: the compaction run, at the highest level)",
+    "--apc-multiturn-concurrency (compact: the compaction run, at the highest level; tiers: case M at concurrency "
+    "1 on a small GPU cache without and with a CPU offload tier)",
     "hash_algo: the comparison of prefix-caching hash algorithms (--apc-hash-algos)",
     "fleet: case R on replicas behind a router (vllm-router policies, data parallel, an external fleet); "
     "not part of -m apc: select with -m fleet",
     "offload: cases N/O, a GPU cache too small for the prefix groups without and with a CPU offload tier "
-    "(--gpu-node only); not part of -m apc: select with -m offload",
+    "(--gpu-node only), and case M on such caches; not part of -m apc: select with -m offload",
     "multiturn: cases M/L, conversations whose hits grow turn by turn (one benchmark run per turn), and their "
     "compaction; not part of -m apc: select with -m multiturn",
 )

@@ -3,6 +3,9 @@ the conversation's whole history (fixed synthetic replies) plus a new user messa
 round (turn t of every conversation), so that the counters give the hits of every turn index.
 
 M runs on the APC-on server, L on the APC-off server. Not part of ``-m apc``: select with ``-m multiturn``.
+The small-cache variants (a GPU cache too small to keep every conversation, without and with a CPU offload
+tier) start servers of their own and carry the ``offload`` marker too: ``-m "multiturn and not offload"``
+leaves them out.
 """
 
 import pytest
@@ -38,3 +41,11 @@ def test_late_turns_faster(apc_pair, apc_assert):
     """The late turns (the second half), where the history dominates the prompt, get their first token
     significantly sooner with APC than without, up to --apc-multiturn-gain-concurrency; above it, no later."""
     apc_assert(verdicts.late_turn_ttft(apc_pair))
+
+
+@pytest.mark.offload
+@pytest.mark.apc_cases("M", tiers=True)
+def test_turn_hits_across_tiers(apc_run, apc_assert):
+    """On a GPU cache too small for every conversation, each turn's GPU hits are a replay of vLLM's block pool
+    (concurrency 1), and a CPU tier serves exactly what the GPU cache lost (without one, nothing)."""
+    apc_assert(verdicts.turn_hits_across_tiers(apc_run))

@@ -172,6 +172,8 @@ def measure(
                     queries=delta.prefix_cache_queries if delta else None,
                     ttfts_ms=[round(float(v) * 1000.0, 3) for v in result.get("ttfts") or []],
                     replayed=replayed[t],
+                    local_tokens=delta.cached_tokens if delta else None,
+                    tier_tokens=delta.external_tokens if delta else None,
                 )
             )
         repeats.append(Repeat(merged_bench(results), sum_deltas(deltas), metrics_error, reset, files[0], commands[0]))

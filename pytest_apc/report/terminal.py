@@ -170,9 +170,13 @@ def fleet_table(rows: Rows[FleetRow], verbose: bool = False) -> str:
 
 def offload_lead(rows: Rows[TierRow]) -> str:
     """The line above the offload table: what its columns compare."""
-    groups = "/".join(str(g) for g in sorted({int(n.prefix_groups) for n in TierRow.typed(rows)}))
+    typed = TierRow.typed(rows)
+    groups = "/".join(str(g) for g in sorted({int(n.prefix_groups) for n in typed if n.case != "M"}))
+    cases = ([f"cases N/O, {groups} prefix groups"] if groups else []) + (
+        ["case M's conversations, every turn together"] if any(n.case == "M" for n in typed) else []
+    )
     return (
-        f"offload (cases N/O, {groups} prefix groups): prompt tokens served by the GPU cache and the CPU tier; "
+        f"offload ({'; '.join(cases)}): prompt tokens served by the GPU cache and the CPU tier; "
         "all tiers vs one server's prediction; GPU cache vs the replay of vLLM's block pool (exact at c1)"
     )
 

@@ -343,15 +343,16 @@ class FleetRow(MeasuredRow):
 
 
 def _tier(row: TierRow) -> str:
-    if row.case != "O":
+    if not RunKey.parse(row.id).mode.tier:
         return "none"
     return f"CPU {row.tier_gib:g} GiB" if row.tier_gib is not None else "CPU"
 
 
 @dataclass(frozen=True, kw_only=True)
 class TierRow(MeasuredRow):
-    """One run of the offload case (N: a small GPU cache alone, O: the same with a CPU tier): the prompt
-    tokens each tier served and what was computed (the first repeat's by-source counters), against the
+    """One run of the offload case (N: a small GPU cache alone, O: the same with a CPU tier), or of the
+    multi-turn case on such caches (M-c1-small-cache, M-c1-offload-tier): the prompt tokens each tier served
+    and what was computed (the first repeat's by-source counters, every turn together), against the
     prediction across tiers and the replay of vLLM's block pool for the GPU cache alone."""
 
     id: str = stored(None)
@@ -375,7 +376,7 @@ class TierRow(MeasuredRow):
     verdict: str = stored("verdict", default="-")
 
     TERMINAL: ClassVar[tuple[Column[Any], ...]] = (
-        Column("case", lambda r: r.case),
+        Column("case", lambda r: r.case if r.case != "M" else "M turns"),
         Column("c", lambda r: r.concurrency),
         Column("tier", _tier),
         Column("GPU blocks", lambda r: num(r.gpu_blocks)),
@@ -401,15 +402,19 @@ class TierRow(MeasuredRow):
         """``reference``: the run without the tier that the tier's run is compared with (its answers too)."""
         d = run.repeats[0].delta
         sizes = run.server.offload
+        replayed = run.local_hits_predicted
+        if run.turns:  # the multi-turn case: its turns' replays together (the first repeat's, as the counters)
+            first = [t.replayed for t in run.turns if t.repeat == 0]
+            replayed = None if None in first else sum(t or 0 for t in first)
         return cls(
             id=run.key.id, case=run.key.case, concurrency=run.key.concurrency,
-            tier_gib=sizes.get("tier_gib") if run.key.case == "O" else None,
+            tier_gib=sizes.get("tier_gib") if run.key.mode.tier else None,
             gpu_blocks=run.server.num_gpu_blocks, prefix_groups=run.workload.prefix_groups,
             input_tokens=run.bench.get("total_input_tokens"),
             gpu_cache_hits=d.cached_tokens if d else None, tier_hits=d.external_tokens if d else None,
             computed_tokens=d.computed_tokens if d else None, hits_all_tiers=tier_hits(d) if d else None,
             expected_hits=run.prediction.expected_hits if run.prediction else None,
-            gpu_cache_hits_replayed=run.local_hits_predicted,
+            gpu_cache_hits_replayed=replayed,
             prefix_cache_queries=d.prefix_cache_queries if d else None,
             median_ttft_ms=run.median_ms("ttfts"), p90_ttft_ms=run.percentile_ms("ttfts", 90, "p90_ttft_ms"),
             p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"), answers=answers.summary(run, reference),
@@ -450,15 +455,18 @@ def fleet_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes, settings
 
 
 def tier_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes) -> list[TierRow]:
-    """Every run of the offload case, by concurrency, without the tier first. Each row is compared with the
-    other tier's run at its concurrency (a verdict comparing the two judges both rows)."""
-    keys = sorted((k for k in records if k.family == "offload"), key=lambda k: (k.concurrency, k.case))
+    """Every run on a small GPU cache (the offload case, then the multi-turn case's), by concurrency, without
+    the tier first. Each row is compared with the other tier's run at its concurrency (a verdict comparing the
+    two judges both rows)."""
+    keys = sorted((k for k in records if k.mode.cache), key=lambda k: (k.family, k.concurrency, k.mode.tier))
     return [
         TierRow.build(
             records[key],
             outcomes,
-            {k.id for k in keys if k.concurrency == key.concurrency and k != key},
-            records.get(RunKey(PAIRS[key.case], key.concurrency)) if key.case in PAIRS else None,
+            {k.id for k in keys if (k.family, k.concurrency) == (key.family, key.concurrency) and k != key},
+            records.get(RunKey(PAIRS[key.case], key.concurrency))
+            if key.case in PAIRS and key.family == "offload"
+            else None,
         )
         for key in keys
     ]

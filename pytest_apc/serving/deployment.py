@@ -89,7 +89,7 @@ def deployment_for(
 
     if mode.cache:
         try:
-            sized = offload_sizes(settings, model)
+            sized = offload_sizes(settings, model, mode.cache_family)
         except OffloadSizeError as err:
             raise ServerError(
                 f"{err}; give the sizes instead (--apc-offload-gpu-blocks and --apc-offload-tier-gib)"
@@ -97,7 +97,7 @@ def deployment_for(
         # vLLM refuses a GPU cache smaller than one request of --max-model-len: the offload case's own length.
         server = launched_server(
             mode, settings, model, how, tensor_parallel=tensor_parallel_size(settings), extra=sized.server_args(mode),
-            model_len=room_for(request_tokens(workload_for("offload", settings))),
+            model_len=room_for(request_tokens(workload_for(mode.cache_family, settings))),
         )  # fmt: skip
         server.info.offload = sized.as_dict()
         return server
@@ -243,16 +243,18 @@ def external_url(mode: ServerMode, settings: Settings) -> str:
     return settings.url_on if mode.apc else settings.url_off
 
 
-def offload_sizes(settings: Settings, model: str) -> OffloadSizes:
-    """The GPU cache and CPU tier of the offload case's servers (offload.py), from the model's config."""
+def offload_sizes(settings: Settings, model: str, family: str = "offload") -> OffloadSizes:
+    """The GPU cache and CPU tier of the small-cache servers of ``family`` (the offload case's, or the
+    multi-turn case's, sized for its conversations: offload.py), from the model's config. The sizes given by
+    --apc-offload-gpu-blocks / --apc-offload-tier-gib are the offload case's alone."""
+    multiturn = family == "multiturn"
     return offload.sizes(
-        workload_for("offload", settings),
-        offload.model_config(model),
-        tuple(settings.server_arg),
-        TEMPLATE_HEADROOM,
-        gpu_blocks=settings.offload_gpu_blocks,
-        tier_gib=settings.offload_tier_gib,
-    )
+        workload_for(family, settings), offload.model_config(model), tuple(settings.server_arg), TEMPLATE_HEADROOM,
+        gpu_blocks=0 if multiturn else settings.offload_gpu_blocks,
+        tier_gib=0.0 if multiturn else settings.offload_tier_gib,
+        outputs=settings.multiturn_turns if multiturn else 1,
+        default_block_size=offload.DEFAULT_BLOCK_SIZE["cpu" if settings.profile == "cpu" else "gpu"],
+    )  # fmt: skip
 
 
 def given(settings: Settings, name: str) -> bool:

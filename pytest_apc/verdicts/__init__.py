@@ -11,7 +11,7 @@ Layer: above ``measure``; may import ``measure``, ``serving``, ``workload``, ``c
 from __future__ import annotations
 
 from pytest_apc.verdicts.answers import same_answers
-from pytest_apc.verdicts.multiturn import compaction_hits, late_turn_ttft, turn_hits_match
+from pytest_apc.verdicts.multiturn import compaction_hits, late_turn_ttft, turn_hits_across_tiers, turn_hits_match
 from pytest_apc.verdicts.tiers import eviction_predicted, hits_across_tiers, tier_pays_off
 from pytest_apc.verdicts.verdict import (
     Pair,
@@ -49,5 +49,6 @@ __all__ = [
     "same_as_default",
     "tier_pays_off",
     "ttft_gain",
+    "turn_hits_across_tiers",
     "turn_hits_match",
 ]

@@ -204,3 +204,78 @@ def ttft_by_turn(run: RunRecord) -> dict[int, float]:
         if values:
             out[turn] = float(np.median(values))
     return out
+
+
+def turn_hits_across_tiers(run: RunRecord) -> Verdict:
+    """A small GPU cache (M-c1-small-cache), and the same with a CPU tier behind it (M-c1-offload-tier): every
+    turn's GPU-cache hits are what a replay of vLLM's block pool at the server's size gives (LRU, exact at
+    concurrency 1, where a loaded block takes its place in the pool like a computed one), and the tier serves
+    exactly what the GPU cache lost: predicted - replayed, so that both tiers together hit what one server with
+    room for every conversation does. Without a tier, it serves nothing. Tokens are counted by source
+    (prompt_tokens_by_source), not by the hit counter, which counts a request that waited for its blocks twice."""
+    tier = run.key.mode.tier
+    blocks, block = run.server.num_gpu_blocks, run.server.block_size
+    where = f"a GPU cache of {blocks:,} blocks of {block} tokens" if blocks and block else "a GPU cache of unknown size"
+    lines = [
+        f"{run.key.id}: {where}" + (" and a CPU tier" if tier else ", no tier")
+        + ": per turn, GPU cache hits / replayed, tier hits / expected, measured hits all tiers / predicted"
+    ]  # fmt: skip
+    problems: list[str] = []
+    if not run.turns:
+        problems.append("the run has no turns (not a multi-turn run, or its prediction could not be made)")
+    for t in run.turns:
+        local = t.local_tokens
+        got_tier = t.tier_tokens or 0
+        head = f"repeat {t.repeat + 1} turn {t.turn}"
+        if local is None or t.replayed is None:
+            problems.append(
+                f"{head}: "
+                + ("the server does not count prompt tokens by source (vllm:prompt_tokens_by_source_total), so the "
+                   "GPU cache's hits cannot be told from the tier's" if local is None else
+                   "no replay of the block pool: the server reported no KV-cache size (vllm:cache_config_info)")
+            )  # fmt: skip
+            continue
+        want_tier = t.predicted_hits - t.replayed if tier else 0
+        lines.append(
+            f"  {head}: GPU {local:,} / {t.replayed:,}, tier {got_tier:,} / {want_tier:,}, all tiers "
+            f"{local + got_tier:,} / {t.predicted_hits:,}" + ("" if (local, got_tier) == (t.replayed, want_tier)
+                                                              else "  <- differs")
+        )  # fmt: skip
+        if local + got_tier > t.predicted_hits:
+            problems.append(
+                f"{head}: {local + got_tier:,} tokens served from the caches, more than any earlier request of the "
+                f"run explains ({t.predicted_hits:,}): the reset before the repeat left blocks in "
+                + ("the GPU cache or the tier (reset_external)" if tier else "the GPU cache")
+            )
+        elif local != t.replayed:
+            problems.append(
+                f"{head}: the GPU cache served {local:,} tokens, and a replay of vLLM's block pool (LRU, freed "
+                f"tail first) at {blocks or '?'} blocks gives {t.replayed:,}: the pool evicts in another order than "
+                "vLLM's, or requests overlapped (the replay is exact at concurrency 1)"
+            )
+        elif got_tier != want_tier:
+            problems.append(
+                f"{head}: the tier served {got_tier:,} tokens, and the GPU cache lost {want_tier:,} that an earlier "
+                "turn left: "
+                + ("the tier did not keep every evicted block (too small: see the start-up warnings) or had not "
+                   "stored them yet" if got_tier < want_tier else "the tier served blocks the GPU cache still had")
+                if tier
+                else f"{head}: a server without a tier loaded {got_tier:,} tokens through a KV connector"
+            )  # fmt: skip
+    predicted = sum(t.predicted_hits for t in run.turns)
+    replayed = sum(t.replayed or 0 for t in run.turns)
+    if run.turns and all(t.replayed is not None for t in run.turns) and replayed >= predicted:
+        problems.append(
+            f"the GPU cache of {blocks:,} blocks kept every conversation between turns (replayed {replayed:,} = "
+            f"predicted {predicted:,}): nothing was evicted, so this run measures neither eviction nor the tier"
+        )
+    numbers: dict[str, Any] = {
+        "tier": tier,
+        "turns": [
+            {"repeat": t.repeat, "turn": t.turn, "local": t.local_tokens, "tier": t.tier_tokens,
+             "replayed": t.replayed, "predicted": t.predicted_hits}
+            for t in run.turns
+        ],
+    }  # fmt: skip
+    message = "\n".join(lines + [f"- {p}" for p in dict.fromkeys(problems)])
+    return Verdict("multiturn_tiers", [run.key.id], not problems, message, numbers)

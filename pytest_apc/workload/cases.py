@@ -119,9 +119,13 @@ CASE_PURPOSE = {
 }
 # The multi-turn case's variant in which every history is replaced by a summary after K turns (M-c8-compact).
 COMPACT = "compact"
-# The offload case's servers: a GPU cache too small for the working set, without and with a CPU tier.
+# The offload case's servers: a GPU cache too small for the working set, without and with a CPU tier. The
+# multi-turn case's variants on such servers (M-c1-small-cache, M-c1-offload-tier) carry the same names; their
+# servers are sized for the conversations, so they are servers of their own (the cache named "multiturn-...").
 SMALL_CACHE = "small-cache"
 OFFLOAD_TIER = "offload-tier"
+TIER_VARIANTS = (SMALL_CACHE, OFFLOAD_TIER)
+MULTITURN_CACHE = "multiturn-"
 # Routes of the fleet case: vllm-router's policies (one launched fleet serves them all), and two that are not.
 ROUTER_POLICIES = (
     "round_robin", "random", "cache_aware", "consistent_hash", "power_of_two", "sticky_least_loaded", "kv_aware",
@@ -218,7 +222,19 @@ class ServerMode:
     apc: bool
     hash_algo: str = ""
     fleet: str = ""  # "" one server; "router": replicas behind a router; "dp": a data-parallel server; "external"
-    cache: str = ""  # "" the server's own KV cache; SMALL_CACHE or OFFLOAD_TIER (the offload case)
+    cache: str = ""  # "" the server's own KV cache; SMALL_CACHE or OFFLOAD_TIER, after MULTITURN_CACHE for case M
+
+    @property
+    def tier(self) -> bool:
+        """Whether the server has a CPU offload tier behind its GPU cache."""
+        return self.cache.endswith(OFFLOAD_TIER)
+
+    @property
+    def cache_family(self) -> str:
+        """The case family a small-cache server is sized for ("" for a server with its own KV cache)."""
+        if not self.cache:
+            return ""
+        return "multiturn" if self.cache.startswith(MULTITURN_CACHE) else "offload"
 
     @property
     def name(self) -> str:
@@ -239,7 +255,7 @@ class RunKey:
     concurrency: int
     hash_algo: str = ""  # "" = the server's default
     route: str = ""  # fleet case only: a router policy, DATA_PARALLEL or an external fleet's label
-    variant: str = ""  # multi-turn case only: "" or COMPACT
+    variant: str = ""  # multi-turn case only: "", COMPACT, or one of TIER_VARIANTS (its small-cache servers)
 
     @property
     def apc(self) -> bool:
@@ -255,7 +271,7 @@ class RunKey:
         if self.family == "offload":
             return ServerMode(True, cache=OFFLOAD_TIER if self.case == "O" else SMALL_CACHE)
         if self.family == "multiturn":
-            return ServerMode(self.apc)
+            return ServerMode(self.apc, cache=MULTITURN_CACHE + self.variant if self.variant in TIER_VARIANTS else "")
         if not self.route:
             return ServerMode(self.apc, self.hash_algo)
         if self.route in ROUTER_POLICIES:
@@ -282,8 +298,9 @@ class RunKey:
                 raise ValueError(f"not a fleet run id: {text!r} (expected e.g. 'R-c4-round_robin')")
             return cls(parts[0], int(parts[1][1:]), route=last)
         if CASE_FAMILY[parts[0]] == "multiturn":
-            if last not in ("", COMPACT):
-                raise ValueError(f"not a multi-turn run id: {text!r} (expected e.g. 'M-c8' or 'M-c8-{COMPACT}')")
+            if last not in ("", COMPACT, *TIER_VARIANTS):
+                expected = f"'M-c8', 'M-c8-{COMPACT}' or 'M-c1-{SMALL_CACHE}'"
+                raise ValueError(f"not a multi-turn run id: {text!r} (expected e.g. {expected})")
             return cls(parts[0], int(parts[1][1:]), variant=last)
         return cls(parts[0], int(parts[1][1:]), last)
 

@@ -235,6 +235,11 @@ class TurnRecord:
     queries: int | None
     ttfts_ms: list[float] = field(default_factory=list)
     replayed: int | None = None  # the hits an LRU replay of the server's block pool gives (its KV size)
+    # The round's prompt tokens by source (vllm:prompt_tokens_by_source_total; None where not exported): served
+    # by the GPU prefix cache, loaded from a KV connector's tier. Unlike the hit counter, a request that waits
+    # for its blocks and is scheduled again is not counted twice.
+    local_tokens: int | None = None
+    tier_tokens: int | None = None
 
     @property
     def predicted_hits(self) -> int:

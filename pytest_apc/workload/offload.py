@@ -9,7 +9,8 @@ Both come from the workload and the model's KV bytes per token, never from a han
                          groups do not (``--apc-offload-gpu-blocks`` overrides)
     working set        = every group's prefix and every request's own blocks (suffix and output): the
                          tier keeps every block the GPU cache evicts, so this is what it must hold for no
-                         prompt token to be computed twice
+                         prompt token to be computed twice. A conversation (case M) is one request whose
+                         suffix is its whole history, and it leaves one output per turn
     tier               = 1.5 x the working set, whole GiB (``--apc-offload-tier-gib`` overrides)
 
 vLLM takes them as ``--num-gpu-blocks-override`` and ``--kv-offloading-size`` (GiB, all tensor-parallel
@@ -25,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from pytest_apc.config import flag_value
-from pytest_apc.workload.cases import OFFLOAD_TIER, ServerMode, Workload, ceil_div
+from pytest_apc.workload.cases import ServerMode, Workload, ceil_div
 
 GIB = 1 << 30
+# vLLM's default KV block size, by profile: on GPUs, and in its CPU build (the server reports its own).
+DEFAULT_BLOCK_SIZE = {"gpu": 16, "cpu": 128}
 HEADROOM = 1.5  # both sizes: a GPU cache of 1.5 requests, a tier of 1.5 working sets
 # Bytes per element of a KV-cache dtype (vLLM --kv-cache-dtype, or the model's dtype under "auto").
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp16": 2, "bf16": 2}
@@ -42,7 +45,7 @@ class OffloadSizes:
     """What both offload servers get, and why."""
 
     kv_bytes_per_token: int
-    block_size: int  # the size the sizes assume (vLLM's default 16, or --block-size); the server reports its own
+    block_size: int  # the size the sizes assume (vLLM's default, or --block-size); the server reports its own
     request_blocks: int  # one request at its longest, header room included
     gpu_blocks: int
     working_set_tokens: int
@@ -68,7 +71,7 @@ class OffloadSizes:
     def server_args(self, mode: ServerMode) -> tuple[str, ...]:
         """vLLM flags of the small-cache server (no tier) or the one with the tier."""
         args: tuple[str, ...] = ("--num-gpu-blocks-override", str(self.gpu_blocks))
-        if mode.cache == OFFLOAD_TIER:
+        if mode.tier:
             args += ("--kv-offloading-size", f"{self.tier_gib:g}")
         return args
 
@@ -137,13 +140,16 @@ def sizes(
     *,
     gpu_blocks: int = 0,
     tier_gib: float = 0.0,
+    outputs: int = 1,
+    default_block_size: int = DEFAULT_BLOCK_SIZE["gpu"],
 ) -> OffloadSizes:
-    """The sizes for ``workload`` (0: derived); ``header_room`` bounds the chat template's tokens."""
-    block = int(flag_value(server_args, ("--block-size",)) or 16)
+    """The sizes for ``workload`` (0: derived); ``header_room`` bounds the chat template's tokens, ``outputs``
+    is how many outputs each request leaves in the cache (a conversation's turns)."""
+    block = int(flag_value(server_args, ("--block-size",)) or default_block_size)
     per_token = kv_bytes_per_token(config, server_args)
     request = workload.kv_blocks_per_request(header_room, block)
     groups, n = workload.prefix_groups, workload.num_prompts
-    own = ceil_div(workload.suffix_len + workload.output_len + block, block) * block  # the boundary block too
+    own = ceil_div(workload.suffix_len + outputs * workload.output_len + block, block) * block  # the boundary block too
     working_set = groups * (header_room + workload.prefix_len) + n * own
     gpu = gpu_blocks or math.ceil(HEADROOM * request)
     tier = tier_gib or float(math.ceil(HEADROOM * working_set * per_token / GIB))

@@ -21,6 +21,7 @@ from pytest_apc.workload.cases import (
     DATA_PARALLEL,
     FAMILY_LENGTHS,
     PAIRS,
+    TIER_VARIANTS,
     RunKey,
     ServerMode,
 )
@@ -186,7 +187,7 @@ def fleet_routes(settings: Settings) -> tuple[str, ...]:
 
 
 # The keyword arguments of @pytest.mark.apc_cases(cases, ...), each a flag.
-APC_CASES_OPTIONS = ("sweep", "hash_algos", "sequential", "fleet", "compact")
+APC_CASES_OPTIONS = ("sweep", "hash_algos", "sequential", "fleet", "compact", "tiers")
 # Why the offload cases skip on --cpu-node.
 NO_CPU_OFFLOAD = (
     "vLLM's CPU build has no KV offload tier (its native offloading connector needs CUDA or XPU): "
@@ -237,6 +238,14 @@ def parametrization(cases: str, options: Mapping[str, Any], settings: Settings) 
         if options.get("compact"):  # the compaction variant: at the highest level only
             keys = [RunKey(case, max(levels), variant=COMPACT) for case in cases]
             return [RunParam(key.id, key.id) for key in keys]
+        if options.get("tiers"):
+            # A small GPU cache without and with the CPU tier, at concurrency 1: there the GPU cache's own
+            # hits are a replay of vLLM's block pool, so each tier's share is predicted exactly.
+            keys = [RunKey(case, 1, variant=variant) for case in cases for variant in TIER_VARIANTS]
+            return [
+                RunParam(key.id, key.id, NO_CPU_OFFLOAD if key.mode.tier and settings.profile == "cpu" else None)
+                for key in keys
+            ]
     if options.get("fleet"):
         routes = fleet_routes(settings)
         if not routes:
