@@ -32,7 +32,68 @@ from dataclasses import dataclass
 
 from pytest_apc.workload.cases import ceil_div
 
-BlockId = tuple[int, ...]  # (-1, j): a header block; (g, j): group g's prefix block j; (-2, i, j): request i's own
+BlockId = tuple[object, ...]  # what a block caches: equal ids are the same tokens after the same prefix
+
+
+class BlockPool:
+    """vLLM's block pool, as far as hits depend on it (this module's docstring): ``admit`` a request, which
+    hits its cached leading blocks and takes the rest from the front of the free queue (evicting what they
+    cached), then ``release`` it, which frees its blocks tail first."""
+
+    def __init__(self, gpu_blocks: int) -> None:
+        self.usable = gpu_blocks - 1  # block 0 is the null block
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, gpu_blocks))  # front = next to reuse
+        # Block identity -> the physical blocks caching it (vLLM keeps duplicates of one hash), and back.
+        self.cached: dict[BlockId, list[int]] = {}
+        self.holds: dict[int, BlockId] = {}
+        self.users: dict[int, int] = {}  # physical block -> running requests holding it
+        self.evicted = 0
+
+    def admit(self, filled: Sequence[BlockId], hittable: int, total_blocks: int) -> tuple[int, list[int]]:
+        """A request whose full blocks are ``filled`` (prompt and output: each is cached once full), of which
+        the first ``hittable`` may be hits (the last prompt token is always computed), holding
+        ``total_blocks`` at its longest: its hit blocks, and the physical blocks it holds."""
+        if total_blocks > self.usable:
+            raise ValueError(f"a request needs {total_blocks} blocks, more than the {self.usable} usable ones")
+        own: list[int] = []
+        while len(own) < hittable and filled[len(own)] in self.cached:
+            block = self.cached[filled[len(own)]][0]
+            self.free.pop(block, None)  # a hit block in use leaves the free queue
+            own.append(block)
+        hit_blocks = len(own)
+        while len(own) < total_blocks:
+            if not self.free:
+                raise ValueError("the running requests need more blocks than the pool has")
+            block, _ = self.free.popitem(last=False)
+            gone = self.holds.pop(block, None)
+            if gone is not None:
+                self.evicted += 1
+                self.cached[gone].remove(block)
+                if not self.cached[gone]:
+                    del self.cached[gone]
+            own.append(block)
+        for block in own:
+            self.users[block] = self.users.get(block, 0) + 1
+        for j in range(hit_blocks, len(filled)):  # every block it fills is cached
+            self.cached.setdefault(filled[j], []).append(own[j])
+            self.holds[own[j]] = filled[j]
+        return hit_blocks, own
+
+    def release(self, own: Sequence[int]) -> None:
+        """Freed tail first: cached blocks to the end of the queue (least recently used leave first), blocks
+        that cache nothing (the last, partial one) to its front, to be reused first; a block another running
+        request holds stays out of the queue."""
+        released = []
+        for block in reversed(own):
+            self.users[block] -= 1
+            if not self.users[block]:
+                released.append(block)
+        for block in reversed([b for b in released if b not in self.holds]):
+            self.free[block] = None
+            self.free.move_to_end(block, last=False)
+        for block in released:
+            if block in self.holds:
+                self.free[block] = None
 
 
 @dataclass(frozen=True)
@@ -51,10 +112,7 @@ def local_hits(
     share. A request that does not fit the cache at all is an error (vLLM would not admit it either).
     """
     header_blocks, shared_blocks = header_tokens // block_size, shared_tokens // block_size
-    free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, gpu_blocks))  # front = next to reuse
-    # Block identity -> the physical blocks caching it (vLLM keeps duplicates of one hash), and back.
-    cached: dict[BlockId, list[int]] = {}
-    holds: dict[int, BlockId] = {}
+    pool = BlockPool(gpu_blocks)
     hits: list[int] = []
     for i, request in enumerate(requests):
 
@@ -65,37 +123,16 @@ def local_hits(
                 return (request.group, j)
             return (-2, i, j)
 
-        # The last prompt token is always computed; KV slots are needed for every token but the last output.
-        hittable = (request.prompt_tokens - 1) // block_size
+        # KV slots are needed for every token but the last output.
         tokens = request.prompt_tokens + request.output_tokens - 1
-        total_blocks = ceil_div(tokens, block_size)
-        if total_blocks > gpu_blocks - 1:
-            raise ValueError(f"request {i} needs {total_blocks} blocks, more than the {gpu_blocks - 1} usable ones")
-        own: list[int] = []
-        while len(own) < hittable and identity(len(own)) in cached:
-            block = cached[identity(len(own))][0]
-            free.pop(block, None)  # a hit block in use leaves the free queue
-            own.append(block)
-        hit_blocks = len(own)
-        hits.append(hit_blocks * block_size)
-        while len(own) < total_blocks:
-            block, _ = free.popitem(last=False)
-            evicted = holds.pop(block, None)
-            if evicted is not None:
-                cached[evicted].remove(block)
-                if not cached[evicted]:
-                    del cached[evicted]
-            own.append(block)
-        for j in range(hit_blocks, tokens // block_size):  # every block it filled is cached
-            cached.setdefault(identity(j), []).append(own[j])
-            holds[own[j]] = identity(j)
-        # Freed tail first: cached blocks to the end of the queue (least recently used leave first), blocks
-        # that cache nothing (the last, partial one) to its front, to be reused first.
-        uncached = [block for block in reversed(own) if block not in holds]
-        for block in reversed(uncached):
-            free[block] = None
-            free.move_to_end(block, last=False)
-        for block in reversed(own):
-            if block in holds:
-                free[block] = None
+        try:
+            hit, own = pool.admit(
+                [identity(j) for j in range(tokens // block_size)],
+                (request.prompt_tokens - 1) // block_size,
+                ceil_div(tokens, block_size),
+            )
+        except ValueError as err:
+            raise ValueError(f"request {i}: {err}") from None
+        hits.append(hit * block_size)
+        pool.release(own)
     return hits

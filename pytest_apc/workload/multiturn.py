@@ -13,17 +13,20 @@ summary-based history again.
 The prediction is exact given the token ids the server prefills (``/tokenize`` with each request's
 messages): a request's cached tokens are its longest common prefix with any request prefilled before it
 on that server since the reset, capped at its length - 1 (vLLM computes the last prompt token) and floored
-to whole blocks. ``replay`` runs the same requests through an LRU block pool of a given size, to tell a
-cache too small to keep a conversation between turns from a broken one.
+to whole blocks. ``replay`` runs the same requests through vLLM's block pool at a given size (the offload
+case's, ``eviction.BlockPool``), to tell a cache too small to keep a conversation between turns from a broken
+one, and to predict the GPU cache's own hits on such a cache.
 """
 
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from pytest_apc.workload.cases import ceil_div
+from pytest_apc.workload.eviction import BlockId, BlockPool
 
 # Words of one token each in most tokenizers (English and Python text): lengths in words are close to tokens.
 _WORDS = tuple(
@@ -161,6 +164,17 @@ def predict_rounds(rounds: Sequence[Sequence[Sequence[int]]], block_size: int) -
     return out
 
 
+def block_ids(tokens: Sequence[int], block_size: int) -> list[int]:
+    """Each full block's identity: a hash of its tokens chained with the block before it, as vLLM names blocks
+    (two requests share a block only if every token up to its end is the same)."""
+    out: list[int] = []
+    previous = 0
+    for j in range(len(tokens) // block_size):
+        previous = hash((previous, tuple(tokens[j * block_size : (j + 1) * block_size])))
+        out.append(previous)
+    return out
+
+
 def replay(
     rounds: Sequence[Sequence[Sequence[int]]],
     output_len: int,
@@ -168,58 +182,28 @@ def replay(
     gpu_blocks: int,
     concurrency: int,
 ) -> tuple[list[list[int]], int]:
-    """Cached tokens per request, and the cached blocks evicted, through an LRU pool of ``gpu_blocks``
-    blocks (block 0 is vLLM's null block, never used for KV): requests run ``concurrency`` at a time in
-    sending order, each holding its prompt and output blocks; a finished request's blocks are freed tail
-    first (evicted first), and a block is evicted only when a request needs a free block and none is left
-    unused. Exact at concurrency 1 (as ``eviction.local_hits``); above it, an approximation for the
+    """Cached tokens per request, and the cached blocks evicted, through vLLM's block pool of ``gpu_blocks``
+    blocks (``eviction.BlockPool``: free blocks reused from the front of one queue, a request's blocks freed
+    tail first, its output blocks cached too): requests run ``concurrency`` at a time in sending order, each
+    holding its prompt and output blocks. Exact at concurrency 1; above it, an approximation for the
     diagnosis."""
-    cached: OrderedDict[tuple[Any, ...], None] = OrderedDict()  # free, still cached blocks, LRU first
-    held: dict[tuple[Any, ...], int] = {}  # blocks in use -> how many running requests hold them
-    evicted = 0
+    pool = BlockPool(gpu_blocks)
     out: list[list[int]] = []
-
-    def keys(tokens: Sequence[int]) -> list[tuple[Any, ...]]:
-        return [tuple(tokens[: (i + 1) * block_size]) for i in range(len(tokens) // block_size)]
-
-    for requests in rounds:
+    for r, requests in enumerate(rounds):
         hits: list[int] = []
         for start in range(0, len(requests), concurrency):
-            chunk = requests[start : start + concurrency]
-            running: list[list[tuple[Any, ...]]] = []
-            for tokens in chunk:
-                blocks = keys(tokens)
-                limit = (len(tokens) - 1) // block_size
-                hit = 0
-                for key in blocks[:limit]:
-                    if key in held or key in cached:
-                        hit += 1
-                    else:
-                        break
+            running: list[list[int]] = []
+            for i, tokens in enumerate(requests[start : start + concurrency]):
+                filled = len(tokens) + output_len - 1  # KV for every token but the last output
+                prompt: list[BlockId] = [(b,) for b in block_ids(tokens, block_size)]
+                output: list[BlockId] = [("output", r, start + i, j) for j in range(len(prompt), filled // block_size)]
+                hit, own = pool.admit(prompt + output, (len(tokens) - 1) // block_size, ceil_div(filled, block_size))
                 hits.append(hit * block_size)
-                total = -(-(len(tokens) + output_len - 1) // block_size)  # the last token is not stored
-                mine: list[tuple[Any, ...]] = []
-                for i in range(total):
-                    key = blocks[i] if i < len(blocks) else ("own", len(out), start, len(running), i)
-                    if key in held:
-                        held[key] += 1
-                    else:
-                        cached.pop(key, None)
-                        if len(held) + len(cached) >= gpu_blocks - 1 and cached:
-                            cached.popitem(last=False)
-                            evicted += 1
-                        held[key] = 1
-                    mine.append(key)
-                running.append(mine)
-            for mine in running:
-                for key in reversed(mine):
-                    held[key] -= 1
-                    if held[key] == 0:
-                        del held[key]
-                        if isinstance(key[0], int):
-                            cached[key] = None
+                running.append(own)
+            for own in running:
+                pool.release(own)
         out.append(hits)
-    return out, evicted
+    return out, pool.evicted
 
 
 @dataclass
