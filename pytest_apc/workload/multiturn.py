@@ -235,6 +235,16 @@ class TurnRecord:
     queries: int | None
     ttfts_ms: list[float] = field(default_factory=list)
     replayed: int | None = None  # the hits an LRU replay of the server's block pool gives (its KV size)
+    # Behind a router (affinity.py): every replica's requests and hits over the round, and the routing that
+    # explains them (None where not found): the conversations each replica held, the hits that routing
+    # predicts, the conversations that landed on another replica than their previous turn.
+    replica_requests: dict[str, int] | None = None
+    replica_hits: dict[str, int] | None = None
+    held: dict[str, list[int]] | None = None
+    replica_predicted: dict[str, int] | None = None
+    moved: list[int] | None = None
+    searched_all: bool | None = None  # False: the routing search was bounded (affinity.MAX_ASSIGNMENTS)
+    alternatives: int | None = None  # further constant routings that explain the counters as well
 
     @property
     def predicted_hits(self) -> int:
