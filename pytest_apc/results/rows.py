@@ -280,8 +280,8 @@ class FleetRow(MeasuredRow):
 
     # The concurrency is in the line above the table, and in a row's route where the runs have several.
     TERMINAL: ClassVar[tuple[Column[Any], ...]] = (
-        Column("route", lambda r: f"{r.route} c{r.concurrency}", shown=several_levels),
-        Column("route", lambda r: r.route, shown=lambda rows: not several_levels(rows)),
+        Column("route", lambda r: f"{r.label} c{r.concurrency}", shown=several_levels),
+        Column("route", lambda r: r.label, shown=lambda rows: not several_levels(rows)),
         Column("replicas", lambda r: num(r.replicas)),
         Column("requests", lambda r: fleet_requests(r.requests_per_replica)),
         Column("cold/ideal", lambda r: _from(r.cold_prefills, r.ideal_cold_prefills, "/")),
@@ -297,6 +297,16 @@ class FleetRow(MeasuredRow):
     @property
     def verdict(self) -> str:
         return _verdict_of(self.passed)
+
+    @property
+    def case(self) -> str:
+        """R, or M for case M behind the router (a row read from a file has its id)."""
+        return (self.id or "R").split("-", 1)[0]
+
+    @property
+    def label(self) -> str:
+        """The route, and the case where it is M's: ``consistent_hash`` (case R), ``M consistent_hash``."""
+        return self.route if self.case == "R" else f"{self.case} {self.route}"
 
     @property
     def ttft_text(self) -> str:
