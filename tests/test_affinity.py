@@ -4,6 +4,7 @@ tests/test_e2e_fleet.py."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from pytest_apc.measure.multiturn import prediction
@@ -154,3 +155,48 @@ def test_run_ids_of_case_m_behind_the_router() -> None:
     assert key.mode == ServerMode(True, fleet="router")
     assert RunKey("R", 8, route="round_robin").mode == key.mode  # the same replicas as case R
     assert RunKey.parse("M-c8").mode == ServerMode(True)
+
+
+def test_case_m_behind_the_router_runs_once_per_policy_at_the_highest_level() -> None:
+    from pytest_apc.workload.plan import TestUse, parametrization, unused_settings
+    from tests.conftest import default_settings
+
+    s = default_settings(multiturn_concurrency=(1, 4), router_policies=("round_robin", "consistent_hash"))
+    params = parametrization("M", {"fleet": True}, s)
+    assert [p.run_id for p in params] == ["M-c4-round_robin", "M-c4-consistent_hash"]
+    assert all(p.skip is None for p in params)
+    assert {RunKey.parse(p.run_id).mode for p in params} == {RunKey("R", 8, route="round_robin").mode}
+    (none,) = parametrization("M", {"fleet": True}, default_settings(router_policies=()))
+    assert none.skip is not None
+    assert "--apc-router-policies" in none.skip
+    # A router policy given explicitly is used by case M behind the router alone: no "unused" message.
+    given = default_settings(router_policies=("consistent_hash",))
+    given.sources["router_policies"] = "option --apc-router-policies"
+    use = TestUse((RunKey("M", 8, route="consistent_hash"),), markers=frozenset({"fleet"}))
+    assert unused_settings(given, [use], [], [], "-m fleet", ["fleet", "multiturn"]) == []
+
+
+def test_the_conversation_id_is_the_request_id_and_no_session_header_is_sent(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from pytest_apc.measure.bench import bench_args, chat_samples
+    from pytest_apc.measure.multiturn import conversation_id
+    from pytest_apc.workload.cases import workload_for
+    from tests.conftest import default_settings
+
+    key = RunKey("M", 8, route="consistent_hash")
+    assert conversation_id(key, 3) == "pytest-apc-M-c8-consistent_hash-conversation-3"
+    argv = bench_args(workload_for("multiturn", default_settings()), key, base_url="http://x", model="m",
+                      tokenizer="t", served_model_name="m", result_dir=tmp_path, result_filename="r.json")  # fmt: skip
+    assert "--header" not in argv
+    r_argv = bench_args(workload_for("fleet", default_settings()), RunKey("R", 8, route="consistent_hash"),
+                        base_url="http://x", model="m", tokenizer="t", served_model_name="m", result_dir=tmp_path,
+                        result_filename="r.json")  # fmt: skip
+    assert "X-Session-ID=pytest-apc-R-c8-consistent_hash" in r_argv
+    data = tmp_path / "t1.jsonl"
+    rows = [{"prompt": [{"role": "user", "content": "hi"}], "prompt_len": 5, "output_tokens": 2,
+             "request_id": conversation_id(key, c)} for c in range(2)]  # fmt: skip
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    samples = chat_samples(SimpleNamespace(dataset_name="custom", dataset_path=str(data), request_id_prefix="x-"))
+    assert samples is not None
+    assert [s.request_id for s in samples] == [conversation_id(key, 0), conversation_id(key, 1)]
