@@ -200,3 +200,26 @@ def test_the_conversation_id_is_the_request_id_and_no_session_header_is_sent(tmp
     samples = chat_samples(SimpleNamespace(dataset_name="custom", dataset_path=str(data), request_id_prefix="x-"))
     assert samples is not None
     assert [s.request_id for s in samples] == [conversation_id(key, 0), conversation_id(key, 1)]
+
+
+def test_an_unmarked_test_of_case_m_behind_the_router_is_a_fleet_test(pytester) -> None:
+    """-m multiturn (one server) must not select a test of case M behind the router, marked or not: it
+    would start the replicas and the router."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.apc_cases("M", fleet=True)
+        def test_my_conversations(apc_run):
+            pass
+
+        @pytest.mark.apc_cases("M")
+        def test_my_turns(apc_run):
+            pass
+        """
+    )
+    fleet = pytester.runpytest("--cpu-node", "-m", "fleet", "--collect-only", "-q")
+    fleet.stdout.fnmatch_lines(["*test_my_conversations[M-c8-round_robin]*", "*2/4 tests collected (2 deselected)*"])
+    one = pytester.runpytest("--cpu-node", "-m", "multiturn", "--collect-only", "-q")
+    one.stdout.fnmatch_lines(["*test_my_turns[M-c1]*", "*2/4 tests collected (2 deselected)*"])
+    assert "test_my_conversations" not in one.stdout.str()
