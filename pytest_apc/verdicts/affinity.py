@@ -137,8 +137,9 @@ def conversation_affinity(run: RunRecord) -> Verdict:
             continue
         lines.append(
             f"    cold prefills {routed.cold_prefills} for {routed.conversations} conversations: "
-            f"{routed.moved} caused by routing (a turn on another replica than its history); hits "
-            f"{routed.hits}, one server's prediction {routed.ideal_hits}"
+            f"{routed.moved} caused by routing (a turn on another replica than its history"
+            + ("" if not routed.moved else "; the fewest moves that explain the counters")
+            + f"); hits {routed.hits}, one server's prediction {routed.ideal_hits}"
         )
         if route == "consistent_hash":
             if routed.moved:
