@@ -223,3 +223,13 @@ def test_an_unmarked_test_of_case_m_behind_the_router_is_a_fleet_test(pytester) 
     one = pytester.runpytest("--cpu-node", "-m", "multiturn", "--collect-only", "-q")
     one.stdout.fnmatch_lines(["*test_my_turns[M-c1]*", "*2/4 tests collected (2 deselected)*"])
     assert "test_my_conversations" not in one.stdout.str()
+
+
+def test_a_skipped_parameter_of_case_m_behind_the_router_has_a_run_id_that_parses() -> None:
+    from pytest_apc.workload.plan import parametrization
+    from tests.conftest import default_settings
+
+    s = default_settings(fleet_url="http://gw", metrics_url=("http://a", "http://b"))
+    (param,) = parametrization("M", {"fleet": True}, s)
+    assert param.skip is not None
+    assert RunKey.parse(param.run_id).route == "none"

@@ -283,11 +283,9 @@ class RunKey:
                 raise ValueError(f"not a fleet run id: {text!r} (expected e.g. 'R-c4-round_robin')")
             return cls(parts[0], int(parts[1][1:]), route=last)
         if CASE_FAMILY[parts[0]] == "multiturn":
-            if last in ROUTER_POLICIES:  # case M behind the router
-                return cls(parts[0], int(parts[1][1:]), route=last)
-            if last not in ("", COMPACT):
-                raise ValueError(f"not a multi-turn run id: {text!r} (expected e.g. 'M-c8' or 'M-c8-{COMPACT}')")
-            return cls(parts[0], int(parts[1][1:]), variant=last)
+            if last in ("", COMPACT):
+                return cls(parts[0], int(parts[1][1:]), variant=last)
+            return cls(parts[0], int(parts[1][1:]), route=last)  # case M behind the router: its policy
         return cls(parts[0], int(parts[1][1:]), last)
 
     def pair(self) -> tuple[RunKey, RunKey]:
