@@ -220,7 +220,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     keys = _keys_of(item)
     uses_apc = bool(keys) or "apc_session" in getattr(item, "fixturenames", ())
     if uses_apc and not _measures(item):
-        own = [key.family for key in keys if key.family in OWN_MARKER_FAMILIES]
+        # A routed run is a fleet's (case M behind the router too): -m multiturn must not start replicas.
+        own = ["fleet" if key.route else key.family for key in keys if key.family in OWN_MARKER_FAMILIES]
         item.add_marker(getattr(pytest.mark, own[0]) if own else pytest.mark.apc)
 
 

@@ -369,7 +369,7 @@ def test_a_missing_file_is_one_line_and_exit_3(tmp_path: Path) -> None:
     [
         ("[1, 2]", "is not a pytest-apc results file (not a JSON object)"),
         ('{"pairs": []}', "is not a pytest-apc results file (no schema_version)"),
-        ('{"schema_version": 9}', "has schema_version 9; this pytest-apc reads 1, 2, 3, 4, 5, 6, 7, 8"),
+        ('{"schema_version": 10}', "has schema_version 10; this pytest-apc reads 1, 2, 3, 4, 5, 6, 7, 8, 9"),
         ("{", "cannot read results file"),
     ],
 )

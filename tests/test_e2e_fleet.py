@@ -1,7 +1,9 @@
 """End to end against real vLLM: the fleet tests (case R) on vLLM's CPU build, as a user runs them with
 ``pytest -m fleet --cpu-node``: two replicas behind a real vllm-router (round_robin, then
 consistent_hash), and one server with ``--data-parallel-size 2``. The evidence that cold prefills and
-hits are told right replica by replica.
+hits are told right replica by replica. The same replicas run case M behind the router (4 conversations x
+3 turns, one run per policy): consistent hashing on the conversation id gives one cold prefill per
+conversation.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def fleet_run(tmp_path_factory):
     args = [
         str(TESTS_APC), "-m", "fleet", "--cpu-node", "-v", "-rA", f"--apc-results-dir={root}/apc-results",
         "--apc-router-policies=round_robin,consistent_hash", "--apc-data-parallel-size=2",
+        "--apc-multiturn-conversations=4", "--apc-multiturn-turns=3", "--apc-multiturn-compact-after=2",
     ]  # fmt: skip
     inner = InnerRun(args, root, timeout=1200).wait()
     yield inner, results(root)
@@ -54,7 +57,9 @@ def test_fleet_suite_passes(fleet_run) -> None:
         for name in ("fleet_accounting", "prefix_locality", "same_answers"):
             assert (name, (f"R-c8-{route}",)) in names
     assert all(v["passed"] for v in data["verdicts"])
-    assert {row["answers"] for row in data["fleet"]} == {"4/4"}
+    assert {row["answers"] for row in data["fleet"] if row["id"].startswith("R-")} == {"4/4"}
+    for route in ("round_robin", "consistent_hash"):
+        assert ("conversation_affinity", (f"M-c8-{route}",)) in names
 
 
 def test_round_robin_splits_the_group_across_both_replicas(fleet_run) -> None:
@@ -103,3 +108,51 @@ def test_every_replica_log_and_the_router_log_are_kept(fleet_run) -> None:
     for member in fleet["members"]:
         assert "Starting vLLM" in Path(member["log"]).read_text(errors="replace")
     assert "--policy" in Path(fleet["log"]).read_text(errors="replace")
+
+
+def _report(run: dict) -> None:
+    for t in run["turns"]:
+        print(run["id"], f"turn {t['turn']}: held {t['held']}, hits {t['replica_hits']} predicted "
+              f"{t['replica_predicted']}, requests {t['replica_requests']}, moved {t['moved']}")  # fmt: skip
+
+
+def test_consistent_hash_on_the_conversation_id_gives_one_cold_prefill_per_conversation(fleet_run) -> None:
+    _, data = fleet_run
+    run = _runs(data)["M-c8-consistent_hash"]
+    _report(run)
+    (row,) = [r for r in data["fleet"] if r["id"] == "M-c8-consistent_hash"]
+    assert row["cold_prefills"] == row["ideal_cold_prefills"] == 4
+    assert "--policy consistent_hash" in run["repeat_counters"][0]["router_command"]
+    held = run["turns"][0]["held"]
+    # Each further replica that holds conversations computes the global prefix once more than one server.
+    global_hit = run["turns"][0]["predicted"][1]
+    active = sum(1 for convs in held.values() if convs)
+    assert row["hits"] == row["ideal_hits"] - (active - 1) * global_hit
+    assert sorted(c for convs in held.values() for c in convs) == [0, 1, 2, 3]
+    for t in run["turns"]:
+        assert t["held"] == held  # every conversation stays where its history is
+        assert t["moved"] == []
+        assert t["replica_hits"] == t["replica_predicted"]  # exact, replica by replica
+        assert t["replica_requests"] == {name: len(convs) for name, convs in held.items()}
+        if t["turn"] >= 1:
+            assert t["hits"] == t["predicted_hits"]  # what one server hits
+    (verdict,) = [v for v in data["verdicts"] if v["name"] == "conversation_affinity" and v["runs"] == [run["id"]]]
+    print(verdict["message"])
+    assert verdict["passed"]
+    assert "cold prefills 4 for 4 conversations" in verdict["message"]
+
+
+def test_round_robin_moves_conversations_and_is_reported(fleet_run) -> None:
+    _, data = fleet_run
+    run = _runs(data)["M-c8-round_robin"]
+    _report(run)
+    (row,) = [r for r in data["fleet"] if r["id"] == "M-c8-round_robin"]
+    assert row["cold_prefills"] is not None
+    assert row["cold_prefills"] >= 4
+    assert row["requests_per_replica"] == [6, 6]
+    for t in run["turns"]:
+        assert sorted(t["replica_requests"].values()) == [2, 2]
+        assert t["replica_hits"] == t["replica_predicted"]
+    (verdict,) = [v for v in data["verdicts"] if v["name"] == "conversation_affinity" and v["runs"] == [run["id"]]]
+    print(verdict["message"])
+    assert verdict["passed"]

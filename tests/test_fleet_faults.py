@@ -42,6 +42,8 @@ def fleet_args(*fake_flags: str) -> list[str]:
     args = [
         "-m",
         "fleet",
+        "-k",
+        "not multiturn",  # case R only: case M behind the router is tests/test_affinity.py's and the e2e's
         "--cpu-node",
         f"--apc-server-command={{python}} {FAKE_VLLM}",
         "--apc-server-arg=--fake-model-tokenizer",

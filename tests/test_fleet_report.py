@@ -200,7 +200,7 @@ def test_summary_md_shows_the_fleet_table(fleet: SimpleNamespace) -> None:
 def test_a_fleet_document_validates(fleet: SimpleNamespace) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     doc = json.loads(json.dumps(_document(fleet.s, fleet.measured, fleet.data), default=str))
-    assert doc["schema_version"] == results.SCHEMA_VERSION == 8
+    assert doc["schema_version"] == results.SCHEMA_VERSION == 9
     assert 3 in results.SCHEMA_VERSIONS
     assert 4 in results.SCHEMA_VERSIONS
     schema = json.loads(SCHEMA_PATH.read_text())
@@ -235,7 +235,7 @@ def test_report_prints_the_fleet_table_of_a_results_file(
     path = _write(tmp_path, "results.json", _document(fleet.s, fleet.measured, fleet.data))
     status, lines = _cli(capsys, "report", str(path))
     assert status == 0
-    assert lines[0].startswith("apc validation: schema_version 8, started 2026-12-01")
+    assert lines[0].startswith("apc validation: schema_version 9, started 2026-12-01")
     view = ReportView.from_document(_document(fleet.s, fleet.measured, fleet.data), str(path))
     live = [text for text, _ in terminal.summary_lines(view)]
     assert lines[1:] == "\n".join(live).splitlines()  # as the run printed it

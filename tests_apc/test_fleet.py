@@ -4,6 +4,9 @@ A request can only hit the prefix blocks of the replica it lands on. One run per
 --apc-router-policies policy on the same replicas behind vllm-router, vLLM's data-parallel balancer with
 --apc-data-parallel-size, or an external fleet with --apc-fleet-url), every replica's cache reset before
 it, every replica's counters read around it. Not part of ``-m apc``: select with ``-m fleet``.
+
+Case M behind the router (``test_multiturn_affinity``) runs on the same replicas: ``-m fleet`` measures
+both, ``-m fleet -k multiturn`` only M; it is not a ``multiturn`` test, so ``-m multiturn`` starts no fleet.
 """
 
 import pytest
@@ -30,3 +33,11 @@ def test_same_answers(apc_run, apc_assert):
     """Through the router, answers served from a replica's cache agree with the same prompts' answers
     computed without it (a cache_salt of their own)."""
     apc_assert(verdicts.same_answers(apc_run))
+
+
+@pytest.mark.apc_cases("M", fleet=True)
+def test_multiturn_affinity(apc_run, apc_assert):
+    """Case M's conversations through the router, one run per policy, each conversation id its routing key:
+    which conversations each replica held, its hits turn by turn as predicted, and the cold prefills the
+    routing caused; consistent_hash must give one cold prefill per conversation."""
+    apc_assert(verdicts.conversation_affinity(apc_run))

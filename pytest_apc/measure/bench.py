@@ -92,8 +92,9 @@ def bench_args(
         "--result-dir", str(result_dir),
         "--result-filename", result_filename,
         "--disable-tqdm",
-        # A fleet run is one session: a session-affinity router (consistent_hash) keeps it on one replica.
-        *(["--header", f"X-Session-ID=pytest-apc-{key.id}"] if key.route else []),
+        # A fleet run is one session: a session-affinity router (consistent_hash) keeps it on one replica. Case M
+        # behind the router sends no session: each conversation's request id (x-request-id) is its routing key.
+        *(["--header", f"X-Session-ID=pytest-apc-{key.id}"] if key.route and key.family != "multiturn" else []),
     ]  # fmt: skip
 
 
@@ -292,7 +293,8 @@ def chat_samples(args: Any) -> list[Any] | None:
     case), as vLLM's ``SampleRequest`` with its ``chat_messages``: vLLM's openai-chat backend sends such a
     list as the request's messages, but its custom dataset takes a prompt string only (it wraps it in one
     user message). Each line gives ``prompt_len`` (what the server's ``/tokenize`` counted) and
-    ``output_tokens``. None for any other dataset, which vLLM loads itself."""
+    ``output_tokens``, and may give the ``request_id`` (sent as ``x-request-id``; case M behind a router: the
+    conversation's, its routing key). None for any other dataset, which vLLM loads itself."""
     path = getattr(args, "dataset_path", None)
     if getattr(args, "dataset_name", "") != "custom" or not path or not str(path).endswith(".jsonl"):
         return None
@@ -307,7 +309,7 @@ def chat_samples(args: Any) -> list[Any] | None:
             prompt=row["prompt"],
             prompt_len=int(row["prompt_len"]),
             expected_output_len=int(row["output_tokens"]),
-            request_id=f"{prefix}{i}",
+            request_id=str(row.get("request_id") or f"{prefix}{i}"),
             chat_messages=row["prompt"],
         )
         for i, row in enumerate(rows)

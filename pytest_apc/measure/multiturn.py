@@ -11,6 +11,7 @@ request on its own (``round_parts``), so that the global prefix is cached before
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -24,7 +25,9 @@ from pytest_apc.measure.bench import BenchRunner, bench_args
 from pytest_apc.measure.records import Repeat, RunRecord
 from pytest_apc.serving import metrics
 from pytest_apc.serving.deployment import Deployment
+from pytest_apc.serving.fleet import Fleet
 from pytest_apc.serving.server import http_session
+from pytest_apc.workload import affinity
 from pytest_apc.workload.cases import COMPACT, Prediction, RunKey, workload_for
 from pytest_apc.workload.multiturn import Conversations, Message, TurnRecord, common_prefix, predict_rounds, replay
 
@@ -44,22 +47,40 @@ def conversations_for(key: RunKey, settings: Settings) -> Conversations:
     )
 
 
-def round_parts(turn: int, requests: int) -> list[tuple[int, int]]:
+def round_parts(turn: int, requests: int, routed: bool = False) -> list[tuple[int, int]]:
     """The benchmark runs of one round, as request index ranges. The first round sends its first request
     alone, then the rest: the rest then find the global prefix cached whatever the server's step budget.
     Sent together, a request that arrives while the first one's prefix is still being prefilled in chunks
     (a prefix longer than one step's --max-num-batched-tokens) finds only the chunks computed so far and
-    computes the rest again, so its hits would depend on timing."""
-    if turn == 0 and requests > 1:
+    computes the rest again, so its hits would depend on timing. Behind a router (``routed``) the first
+    round is one run at concurrency 1 instead (``round_concurrency``): the first conversation on *each*
+    replica computes the global prefix there, and which one that is the router decides."""
+    if turn == 0 and requests > 1 and not routed:
         return [(0, 1), (1, requests)]
     return [(0, requests)]
 
 
+def round_concurrency(key: RunKey, turn: int) -> int:
+    """The --max-concurrency of round ``turn``: the run's, but 1 for the first round behind a router (each
+    request finishes before the next is sent, so that every replica's first conversation computes the global
+    prefix before another conversation there looks it up)."""
+    return 1 if key.route and turn == 0 else key.concurrency
+
+
+def conversation_id(key: RunKey, conversation: int) -> str:
+    """The request id every turn of a conversation is sent with behind a router (x-request-id): the routing
+    key of a session-affinity policy (vllm-router's consistent_hash reads X-Session-ID first, then
+    X-Request-ID). A conversation's turns never overlap, so vLLM sees the id once at a time."""
+    return f"pytest-apc-{key.id}-conversation-{conversation}"
+
+
 def tokenize(deployment: Deployment, settings: Settings, messages: list[Message]) -> list[int]:
-    """The prompt token ids the server prefills for these messages (its chat template applied)."""
+    """The prompt token ids the server prefills for these messages (its chat template applied); a fleet's
+    first replica tokenizes (a router need not pass /tokenize on, and must not count it as routed)."""
     http = http_session(settings.api_key, settings.ca_bundle)
     body = {"model": deployment.served_model_name, "messages": messages}
-    response = http.post(f"{deployment.url}/tokenize", json=body, timeout=60)
+    url = deployment.replicas[0].url if isinstance(deployment, Fleet) else deployment.url
+    response = http.post(f"{url}/tokenize", json=body, timeout=60)
     response.raise_for_status()
     return [int(t) for t in response.json()["tokens"]]
 
@@ -114,19 +135,23 @@ def measure(
     bench_dir.mkdir(parents=True, exist_ok=True)
     for r in range(settings.repeats):
         name = f"{key.id}-r{r + 1}" if settings.repeats > 1 else key.id
+        router_command = deployment.route(key.route) if key.route else ""
         reset = deployment.reset_prefix_cache() if key.apc else None
         results, deltas, files, commands = [], [], [], []
+        replica_deltas: list[dict[str, metrics.Delta]] = []
         metrics_error: str | None = None
         for t, requests in enumerate(rounds_messages):
-            parts, part_results, part_deltas = round_parts(t, len(requests)), [], []
+            parts, part_results, part_deltas = round_parts(t, len(requests), bool(key.route)), [], []
+            round_replicas: list[dict[str, metrics.Delta]] = []
             for i, (lo, hi) in enumerate(parts):
                 part = f"{name}-t{t}" + (f"-{i + 1}" if len(parts) > 1 else "")
                 deployment.check_alive(f"before turn {t}")
                 data = bench_dir / f"{part}.jsonl"
                 lines = [
-                    json.dumps({"prompt": m, "prompt_len": len(tokens), "output_tokens": workload.output_len})
-                    for m, tokens in zip(requests[lo:hi], rounds[t][lo:hi], strict=True)
-                ]
+                    json.dumps({"prompt": m, "prompt_len": len(tokens), "output_tokens": workload.output_len,
+                                **({"request_id": conversation_id(key, c)} if key.route else {})})
+                    for c, m, tokens in zip(range(lo, hi), requests[lo:hi], rounds[t][lo:hi], strict=True)
+                ]  # fmt: skip
                 data.write_text("\n".join(lines) + "\n")
                 try:
                     before: metrics.Snapshot | None = deployment.wait_idle()
@@ -134,7 +159,7 @@ def measure(
                     before, metrics_error = None, str(err)
                 argv = bench_args(
                     workload,
-                    key,
+                    dataclasses.replace(key, concurrency=round_concurrency(key, t)),
                     base_url=deployment.url,
                     model=model,
                     tokenizer=settings.tokenizer,
@@ -151,7 +176,9 @@ def measure(
                 part_delta = None
                 if before is not None:
                     try:
-                        part_delta = metrics.delta(before, deployment.wait_idle())
+                        after = deployment.wait_idle()
+                        round_replicas.append(metrics.part_deltas(before, after))
+                        part_delta = metrics.delta(before, after)
                     except metrics.MetricsError as err:
                         metrics_error = str(err)
                 part_results.append(outcome.result)
@@ -161,6 +188,7 @@ def measure(
             result, delta = merged_bench(part_results), sum_deltas(part_deltas)
             results.append(result)
             deltas.append(delta)
+            replica_deltas.append(_sum_parts(round_replicas) if len(round_replicas) == len(parts) else {})
             turns.append(
                 TurnRecord(
                     repeat=r,
@@ -176,7 +204,13 @@ def measure(
                     tier_tokens=delta.external_tokens if delta else None,
                 )
             )
-        repeats.append(Repeat(merged_bench(results), sum_deltas(deltas), metrics_error, reset, files[0], commands[0]))
+        totals = _sum_parts(replica_deltas) if all(replica_deltas) else {}
+        repeats.append(
+            Repeat(merged_bench(results), sum_deltas(deltas), metrics_error, reset, files[0], commands[0], totals,
+                   router_command)
+        )  # fmt: skip
+        if key.route:
+            locate(turns[-conv.turns :], replica_deltas, rounds, block)
     header = info.chat_header_tokens
     record = RunRecord(
         key=key,
@@ -210,3 +244,36 @@ def prediction(
         shared_blocks=shared // block, computed_tokens_off=total, computed_tokens_on=max(1, total - expected),
         prefill_bound=total / max(1, total - expected),
     )  # fmt: skip
+
+
+def _sum_parts(rounds: Sequence[dict[str, metrics.Delta]]) -> dict[str, metrics.Delta]:
+    """Every replica's counters over several runs ({} where a run read none per replica)."""
+    if not rounds or not all(rounds):
+        return {}
+    summed = {name: sum_deltas([r.get(name) for r in rounds]) for name in rounds[0]}
+    return {name: d for name, d in summed.items() if d is not None}
+
+
+def locate(
+    turns: Sequence[TurnRecord],
+    replica_deltas: Sequence[dict[str, metrics.Delta]],
+    rounds: Sequence[Sequence[Sequence[int]]],
+    block: int,
+) -> None:
+    """Fill one repeat's turns with every replica's requests and hits, and the routing that explains them
+    (``affinity.explain``): the conversations each replica held and the hits that predicts."""
+    if not all(replica_deltas) or not block or any(x.requests is None for d in replica_deltas for x in d.values()):
+        return  # the verdict names what is missing
+    names = list(replica_deltas[0])
+    requests = [[int(d[n].requests or 0) if n in d else 0 for n in names] for d in replica_deltas]
+    hits = [[int(d[n].prefix_cache_hits or 0) if n in d else 0 for n in names] for d in replica_deltas]
+    found = affinity.explain(rounds, block, names, requests, hits)
+    for t, record in enumerate(turns):
+        record.replica_requests = dict(zip(names, requests[t], strict=True))
+        record.replica_hits = dict(zip(names, hits[t], strict=True))
+        record.searched_all = found.exhaustive
+        record.alternatives = found.alternatives
+        if found.found:
+            record.held = found.held[t]
+            record.replica_predicted = found.predicted[t]
+            record.moved = found.moved[t]

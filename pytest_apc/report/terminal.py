@@ -152,13 +152,16 @@ def algo_table(rows: Rows[AlgoRow]) -> str:
 def fleet_lead(rows: Rows[FleetRow]) -> str:
     """The line above the fleet table: the concurrency and prefix groups of its runs, and what it compares."""
     typed = FleetRow.typed(rows)
-    levels = "/".join(str(c) for c in sorted({int(n.concurrency) for n in typed}))
-    groups = sorted({int(n.prefix_groups) for n in typed})
-    counted = f"{'/'.join(map(str, groups))} prefix group{'' if groups == [1] else 's'}"
-    return (
-        f"fleet (case R, c{levels}, {counted}): cold prefills vs ideal (one per group); "
-        "cost = extra prefill / APC's saving"
-    )
+    parts = []
+    for case, what in (("R", "prefix group"), ("M", "conversation")):
+        of_case = [n for n in typed if n.case == case]
+        if not of_case:
+            continue
+        levels = "/".join(str(c) for c in sorted({int(n.concurrency) for n in of_case}))
+        groups = sorted({int(n.prefix_groups) for n in of_case})
+        parts.append(f"case {case}, c{levels}, {'/'.join(map(str, groups))} {what}{'' if groups == [1] else 's'}")
+    ideal = "one per group" + ("; case M: one per conversation" if any(n.case == "M" for n in typed) else "")
+    return f"fleet ({'; '.join(parts)}): cold prefills vs ideal ({ideal}); cost = extra prefill / APC's saving"
 
 
 def fleet_table(rows: Rows[FleetRow], verbose: bool = False) -> str:

@@ -21,7 +21,7 @@ from pytest_apc.config import Settings
 from pytest_apc.measure.records import MeasurementError, RunRecord, tier_hits
 from pytest_apc.results.columns import Column, Row, present, stored
 from pytest_apc.results.formatting import compact, num
-from pytest_apc.verdicts import answers, locality
+from pytest_apc.verdicts import affinity, answers, locality
 from pytest_apc.verdicts.stats import Interval, median_interval, ratio_of_medians
 from pytest_apc.verdicts.verdict import Pair
 from pytest_apc.workload.cases import PAIRS, RunKey
@@ -252,7 +252,8 @@ def several_levels(rows: Sequence[Any]) -> bool:
 @dataclass(frozen=True, kw_only=True)
 class FleetRow(MeasuredRow):
     """One fleet run (case R on one route): where its requests landed, its cold prefills against one per
-    prefix group, the routing cost, and its latency and throughput. Its locality is the first repeat's."""
+    prefix group, the routing cost, and its latency and throughput. Its locality is the first repeat's.
+    Case M behind the router has a row too: its conversations stand for the prefix groups."""
 
     id: str = stored(None)
     route: str = stored("route")
@@ -279,8 +280,8 @@ class FleetRow(MeasuredRow):
 
     # The concurrency is in the line above the table, and in a row's route where the runs have several.
     TERMINAL: ClassVar[tuple[Column[Any], ...]] = (
-        Column("route", lambda r: f"{r.route} c{r.concurrency}", shown=several_levels),
-        Column("route", lambda r: r.route, shown=lambda rows: not several_levels(rows)),
+        Column("route", lambda r: f"{r.label} c{r.concurrency}", shown=several_levels),
+        Column("route", lambda r: r.label, shown=lambda rows: not several_levels(rows)),
         Column("replicas", lambda r: num(r.replicas)),
         Column("requests", lambda r: fleet_requests(r.requests_per_replica)),
         Column("cold/ideal", lambda r: _from(r.cold_prefills, r.ideal_cold_prefills, "/")),
@@ -298,6 +299,16 @@ class FleetRow(MeasuredRow):
         return _verdict_of(self.passed)
 
     @property
+    def case(self) -> str:
+        """R, or M for case M behind the router (a row read from a file has its id)."""
+        return (self.id or "R").split("-", 1)[0]
+
+    @property
+    def label(self) -> str:
+        """The route, and the case where it is M's: ``consistent_hash`` (case R), ``M consistent_hash``."""
+        return self.route if self.case == "R" else f"{self.case} {self.route}"
+
+    @property
     def ttft_text(self) -> str:
         """Median TTFT with its bootstrap interval: ``195 [150..240]`` (``..``: the numbers have thousands
         commas)."""
@@ -311,16 +322,13 @@ class FleetRow(MeasuredRow):
         first = run.repeats[0]
         found: locality.Locality | None = None
         error: str | None = None
+        if run.key.family == "multiturn":
+            return cls._conversations(run, outcomes, settings)
         try:
             found = locality.of_repeat(run, first)
         except MeasurementError as err:
             error = str(err)
-        try:
-            ttft: Interval | None = median_interval(
-                run.samples_ms("ttfts"), samples=settings.bootstrap_samples, confidence=settings.confidence
-            )
-        except ValueError:  # no per-request samples: the median the benchmark printed, no interval
-            ttft = None
+        ttft = cls._ttft(run, settings)
         replicas = len(found.replicas) if found else (len(first.parts) or len(run.server.members) or None)
         return cls(
             id=run.key.id, route=str(run.key.route), concurrency=run.key.concurrency, replicas=replicas,
@@ -332,14 +340,50 @@ class FleetRow(MeasuredRow):
             ideal_hits=found.prediction.expected_hits if found else None,
             extra_prefill_tokens=found.extra_prefill_tokens if found else None,
             routing_cost=found.routing_cost if found else None,
-            median_ttft_ms=ttft.estimate if ttft else run.median_ms("ttfts"),
-            median_ttft_low_ms=ttft.low if ttft else None, median_ttft_high_ms=ttft.high if ttft else None,
-            p90_ttft_ms=run.percentile_ms("ttfts", 90, "p90_ttft_ms"),
-            p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
-            output_throughput=run.per_second("total_output_tokens"),
-            request_throughput=run.per_second("completed"), answers=answers.summary(run),
+            **cls._timing(run, ttft), answers=answers.summary(run),
             passed=_passed(outcomes.verdict({run.key.id})), error=error, runs=(run,),
         )  # fmt: skip
+
+    @classmethod
+    def _conversations(cls, run: RunRecord, outcomes: Outcomes, settings: Settings) -> FleetRow:
+        """Case M behind the router: its prefix groups are its conversations, a cold prefill one that computes a
+        conversation's history (its first turn, or a turn away from its history), the ideal one per
+        conversation and one server's hits; the routing cost what the routing left to compute again."""
+        routed = affinity.of_repeat(run, 0)
+        extra = routed.ideal_hits - routed.hits if routed and routed.hits is not None else None
+        cost = extra / routed.ideal_hits if routed and extra is not None and routed.ideal_hits > 0 else None
+        return cls(
+            id=run.key.id, route=str(run.key.route), concurrency=run.key.concurrency,
+            replicas=len(routed.replicas) if routed else (len(run.server.members) or None),
+            prefix_groups=run.workload.num_prompts,
+            requests_per_replica=list(routed.requests.values()) if routed else None,
+            cold_prefills=routed.cold_prefills if routed else None,
+            ideal_cold_prefills=routed.conversations if routed else None,
+            hits=routed.hits if routed else None, ideal_hits=routed.ideal_hits if routed else None,
+            extra_prefill_tokens=extra, routing_cost=cost, **cls._timing(run, cls._ttft(run, settings)),
+            answers=None, passed=_passed(outcomes.verdict({run.key.id})),
+            error=None if routed else "no per-replica counters around the rounds", runs=(run,),
+        )  # fmt: skip
+
+    @staticmethod
+    def _ttft(run: RunRecord, settings: Settings) -> Interval | None:
+        try:
+            return median_interval(
+                run.samples_ms("ttfts"), samples=settings.bootstrap_samples, confidence=settings.confidence
+            )
+        except ValueError:  # no per-request samples: the median the benchmark printed, no interval
+            return None
+
+    @staticmethod
+    def _timing(run: RunRecord, ttft: Interval | None) -> dict[str, Any]:
+        return {
+            "median_ttft_ms": ttft.estimate if ttft else run.median_ms("ttfts"),
+            "median_ttft_low_ms": ttft.low if ttft else None, "median_ttft_high_ms": ttft.high if ttft else None,
+            "p90_ttft_ms": run.percentile_ms("ttfts", 90, "p90_ttft_ms"),
+            "p99_ttft_ms": run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
+            "output_throughput": run.per_second("total_output_tokens"),
+            "request_throughput": run.per_second("completed"),
+        }  # fmt: skip
 
 
 def _tier(row: TierRow) -> str:

@@ -2,7 +2,8 @@
 
 Owns the pair and run verdicts and their diagnoses (``verdict``), whether cached answers are the computed
 ones (``answers``), the offload tier's (``tiers``), the multi-turn case's (``multiturn``), where a fleet's
-requests landed (``locality``) and the statistics behind the timing verdicts (``stats``).
+requests landed (``locality``), where case M's conversations landed behind the router (``affinity``) and
+the statistics behind the timing verdicts (``stats``).
 The suite's tests import this package: ``from pytest_apc import verdicts`` then ``verdicts.pure_effect(pair)``.
 
 Layer: above ``measure``; may import ``measure``, ``serving``, ``workload``, ``config`` and ``redaction``.
@@ -10,6 +11,7 @@ Layer: above ``measure``; may import ``measure``, ``serving``, ``workload``, ``c
 
 from __future__ import annotations
 
+from pytest_apc.verdicts.affinity import conversation_affinity
 from pytest_apc.verdicts.answers import same_answers
 from pytest_apc.verdicts.multiturn import compaction_hits, late_turn_ttft, turn_hits_across_tiers, turn_hits_match
 from pytest_apc.verdicts.tiers import eviction_predicted, hits_across_tiers, tier_pays_off
@@ -35,6 +37,7 @@ __all__ = [
     "apc_really_off",
     "cached_tokens_match",
     "compaction_hits",
+    "conversation_affinity",
     "eviction_predicted",
     "fleet_accounting",
     "hits_across_tiers",

@@ -254,7 +254,7 @@ class RunKey:
     case: str
     concurrency: int
     hash_algo: str = ""  # "" = the server's default
-    route: str = ""  # fleet case only: a router policy, DATA_PARALLEL or an external fleet's label
+    route: str = ""  # fleet case: a router policy, DATA_PARALLEL or an external fleet's label; case M: a policy
     variant: str = ""  # multi-turn case only: "", COMPACT, or one of TIER_VARIANTS (its small-cache servers)
 
     @property
@@ -270,7 +270,7 @@ class RunKey:
         """The deployment this run is measured on (every router policy shares one fleet of replicas)."""
         if self.family == "offload":
             return ServerMode(True, cache=OFFLOAD_TIER if self.case == "O" else SMALL_CACHE)
-        if self.family == "multiturn":
+        if self.family == "multiturn" and not self.route:
             return ServerMode(self.apc, cache=MULTITURN_CACHE + self.variant if self.variant in TIER_VARIANTS else "")
         if not self.route:
             return ServerMode(self.apc, self.hash_algo)
@@ -288,7 +288,8 @@ class RunKey:
 
     @classmethod
     def parse(cls, text: str) -> RunKey:
-        """``"D-c8"``, ``"D-c8-xxhash"`` or (fleet) ``"R-c4-round_robin"``, ``"R-c8-<route label>"`` -> RunKey."""
+        """``"D-c8"``, ``"D-c8-xxhash"``, (fleet) ``"R-c4-round_robin"``, ``"R-c8-<route label>"`` or (case M
+        behind the router) ``"M-c8-consistent_hash"`` -> RunKey."""
         parts = text.split("-", 2)
         if len(parts) < 2 or parts[0] not in CASE_APC or not parts[1].startswith("c"):
             raise ValueError(f"not a run id: {text!r} (expected e.g. 'D-c8')")
@@ -298,10 +299,9 @@ class RunKey:
                 raise ValueError(f"not a fleet run id: {text!r} (expected e.g. 'R-c4-round_robin')")
             return cls(parts[0], int(parts[1][1:]), route=last)
         if CASE_FAMILY[parts[0]] == "multiturn":
-            if last not in ("", COMPACT, *TIER_VARIANTS):
-                expected = f"'M-c8', 'M-c8-{COMPACT}' or 'M-c1-{SMALL_CACHE}'"
-                raise ValueError(f"not a multi-turn run id: {text!r} (expected e.g. {expected})")
-            return cls(parts[0], int(parts[1][1:]), variant=last)
+            if last in ("", COMPACT, *TIER_VARIANTS):
+                return cls(parts[0], int(parts[1][1:]), variant=last)
+            return cls(parts[0], int(parts[1][1:]), route=last)  # case M behind the router: its policy
         return cls(parts[0], int(parts[1][1:]), last)
 
     def pair(self) -> tuple[RunKey, RunKey]:

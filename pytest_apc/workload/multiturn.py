@@ -218,12 +218,22 @@ class TurnRecord:
     hits: int | None  # the server's prefix-cache hits over the round (None: not read)
     queries: int | None
     ttfts_ms: list[float] = field(default_factory=list)
-    replayed: int | None = None  # the hits an LRU replay of the server's block pool gives (its KV size)
+    replayed: int | None = None  # the hits a replay of vLLM's block pool at the server's KV size gives
     # The round's prompt tokens by source (vllm:prompt_tokens_by_source_total; None where not exported): served
     # by the GPU prefix cache, loaded from a KV connector's tier. Unlike the hit counter, a request that waits
     # for its blocks and is scheduled again is not counted twice.
     local_tokens: int | None = None
     tier_tokens: int | None = None
+    # Behind a router (affinity.py): every replica's requests and hits over the round, and the routing that
+    # explains them (None where not found): the conversations each replica held, the hits that routing
+    # predicts, the conversations that landed on another replica than their previous turn.
+    replica_requests: dict[str, int] | None = None
+    replica_hits: dict[str, int] | None = None
+    held: dict[str, list[int]] | None = None
+    replica_predicted: dict[str, int] | None = None
+    moved: list[int] | None = None
+    searched_all: bool | None = None  # False: the routing search was bounded (affinity.MAX_ASSIGNMENTS)
+    alternatives: int | None = None  # further constant routings that explain the counters as well
 
     @property
     def predicted_hits(self) -> int:

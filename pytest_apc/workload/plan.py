@@ -105,8 +105,10 @@ def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, C
     rag_levels = _levels("E/F", [k for k in planned_keys if k.case in "EF"])
     pure_levels = _levels("C/D", [k for k in planned_keys if k.case in "CD"])
 
-    def family(*names: str) -> Callable[[TestUse], bool]:
-        return lambda use: any(CASE_FAMILY[k.case] in names for k in use.keys if not k.hash_algo)
+    def family(*names: str) -> Callable[[TestUse], bool]:  # a routed run (case R, M behind the router) is a fleet's
+        return lambda use: any(
+            CASE_FAMILY[k.case] in names or ("fleet" in names and k.route) for k in use.keys if not k.hash_algo
+        )
 
     def single_server(use: TestUse) -> bool:  # what the gate judges: the six cases' runs
         return any(not k.route and k.family not in ("offload", "multiturn") for k in use.keys)
@@ -246,6 +248,15 @@ def parametrization(cases: str, options: Mapping[str, Any], settings: Settings) 
                 RunParam(key.id, key.id, NO_CPU_OFFLOAD if key.mode.tier and settings.profile == "cpu" else None)
                 for key in keys
             ]
+        if options.get("fleet"):  # behind the launched router, one run per policy, at the highest level only
+            policies = () if settings.fleet_url else settings.router_policies
+            if not policies:
+                reason = (
+                    "case M behind a router needs the launched vllm-router (--apc-router-policies, no --apc-fleet-url)"
+                )
+                return skipped(RunKey(cases[0], max(levels), route="none"), "no-router", reason)
+            keys = [RunKey(case, max(levels), route=policy) for case in cases for policy in policies]
+            return [RunParam(key.id, key.id) for key in keys]
     if options.get("fleet"):
         routes = fleet_routes(settings)
         if not routes:
