@@ -86,12 +86,13 @@ def test_the_whole_multiturn_selection_passes_on_cpu(multiturn_run) -> None:
     assert not failed, failed
     assert inner.ret == 0, inner.output[-5000:]
     assert {v["name"] for v in data["verdicts"]} == {"apc_really_off", "multiturn_hits", "multiturn_compaction",
-                                                     "multiturn_ttft"}  # fmt: skip
+                                                     "multiturn_ttft", "multiturn_tiers"}  # fmt: skip
+    assert data["server_launches"] == {"apc-on": 1, "apc-off": 1, "apc-on-multiturn-small-cache": 1}
 
 
 def test_the_report_has_the_multiturn_rows_and_the_payoff_verdict(multiturn_run) -> None:
     inner, data = multiturn_run
-    assert data["schema_version"] == 8
+    assert data["schema_version"] == 9
     (ttft,) = [v for v in data["verdicts"] if v["name"] == "multiturn_ttft" and v["runs"] == ["L-c1", "M-c1"]]
     print("late-turn TTFT at c1:", ttft["message"])
     assert ttft["numbers"]["prefill_bound"] > 1
@@ -99,6 +100,24 @@ def test_the_report_has_the_multiturn_rows_and_the_payoff_verdict(multiturn_run)
     assert "gain by turn: turn 0" in ttft["message"]
     assert "M-c1" in inner.output
     assert "L-c1" in inner.output
+
+
+def test_a_small_gpu_cache_hits_what_the_block_pool_replay_gives(multiturn_run) -> None:
+    """M-c1-small-cache: a cache of one and a half requests loses histories between turns, and every turn's
+    hits, counted by source, are exactly the replay of vLLM's block pool at the server's size."""
+    _, data = multiturn_run
+    run = _runs(data)["M-c1-small-cache"]
+    (server,) = [s for s in data["servers"] if s["mode"] == "apc-on-multiturn-small-cache"]
+    print("small cache:", server["num_gpu_blocks"], "blocks;",
+          [(t["turn"], t["local_tokens"], t["replayed"], t["predicted_hits"]) for t in run["turns"]])  # fmt: skip
+    assert server["num_gpu_blocks"] == server["offload"]["gpu_blocks"]
+    for t in run["turns"]:
+        assert t["local_tokens"] == t["replayed"], t
+        assert t["tier_tokens"] in (0, None), t
+    assert any(t["replayed"] < t["predicted_hits"] for t in run["turns"])  # it evicted
+    (verdict,) = [v for v in data["verdicts"] if v["name"] == "multiturn_tiers"]
+    assert verdict["passed"], verdict["message"]
+    assert "M-c1-offload-tier" not in _runs(data)  # no tier in the CPU build: skipped, not measured
 
 
 def test_a_kv_cache_too_small_for_the_conversations_fails_naming_eviction(tmp_path) -> None:

@@ -15,9 +15,9 @@ from pytest_apc.measure.multiturn import merged_bench, prediction, sum_deltas
 from pytest_apc.measure.records import Repeat, RunRecord
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.serving.metrics import Delta
-from pytest_apc.verdicts import compaction_hits, late_turn_ttft, turn_hits_match
+from pytest_apc.verdicts import compaction_hits, late_turn_ttft, turn_hits_across_tiers, turn_hits_match
 from pytest_apc.verdicts.verdict import Pair
-from pytest_apc.workload.cases import COMPACT, RunKey, ServerMode, Workload
+from pytest_apc.workload.cases import COMPACT, OFFLOAD_TIER, SMALL_CACHE, RunKey, ServerMode, Workload
 from pytest_apc.workload.multiturn import Conversations, TurnRecord, cached_tokens, predict_rounds, replay
 
 B = 4
@@ -277,3 +277,87 @@ def test_turn_hits_fail_without_a_prediction_and_name_counters_that_were_not_rea
     assert not v.passed
     assert "counters were not read around this turn: GET /metrics: connection refused" in v.message
     assert "eviction" not in v.message
+
+
+def tier_turn(t: int, predicted: int, replayed: int, local: int | None, tier: int | None) -> TurnRecord:
+    return TurnRecord(0, t, False, [40] * 3, [predicted], local, 120, [10.0] * 3, replayed, local, tier)
+
+
+def tier_record(variant: str, turns: list[TurnRecord], gpu_blocks: int = 30) -> RunRecord:
+    run = record("M", turns, gpu_blocks=gpu_blocks, variant=variant)
+    run.key = RunKey("M", 1, variant=variant)
+    return run
+
+
+def test_small_cache_runs_are_servers_of_their_own_at_concurrency_1() -> None:
+    from pytest_apc.workload.plan import parametrization
+
+    small, tier = RunKey.parse("M-c1-small-cache"), RunKey.parse("M-c1-offload-tier")
+    assert (small.variant, tier.variant) == (SMALL_CACHE, OFFLOAD_TIER)
+    assert small.mode == ServerMode(True, cache="multiturn-small-cache")
+    assert not small.mode.tier
+    assert tier.mode.tier
+    assert tier.mode.cache_family == "multiturn"
+    assert RunKey("N", 1).mode.cache_family == "offload"
+    assert small.mode != RunKey("N", 1).mode
+    assert RunKey.parse("M-c8-round_robin").route == "round_robin"  # anything else after M is a route
+    gpu = SimpleNamespace(profile="gpu", multiturn_concurrency=(1, 8), concurrency=8)
+    cpu = SimpleNamespace(profile="cpu", multiturn_concurrency=(1, 8), concurrency=8)
+    params = parametrization("M", {"tiers": True}, gpu)  # type: ignore[arg-type]
+    assert [(p.run_id, p.skip) for p in params] == [("M-c1-small-cache", None), ("M-c1-offload-tier", None)]
+    params = parametrization("M", {"tiers": True}, cpu)  # type: ignore[arg-type]
+    assert params[0].skip is None
+    assert "no KV offload tier" in (params[1].skip or "")
+
+
+def test_the_tier_verdict_passes_when_each_tier_serves_what_the_replay_says() -> None:
+    turns = [tier_turn(0, 48, 48, 48, 0), tier_turn(1, 84, 60, 60, 24)]
+    v = turn_hits_across_tiers(tier_record(OFFLOAD_TIER, turns))
+    assert v.passed, v.message
+    assert "GPU 60 / 60, tier 24 / 24, all tiers 84 / 84" in v.message
+    no_tier = [tier_turn(0, 48, 48, 48, 0), tier_turn(1, 84, 60, 60, 0)]
+    assert turn_hits_across_tiers(tier_record(SMALL_CACHE, no_tier)).passed
+
+
+def test_the_tier_verdict_fails_each_way_a_tier_or_the_pool_can_be_wrong() -> None:
+    def failed(variant: str, turns: list[TurnRecord]) -> str:
+        v = turn_hits_across_tiers(tier_record(variant, turns))
+        assert not v.passed
+        return v.message
+
+    first = tier_turn(0, 48, 48, 48, 0)
+    # The GPU cache kept other blocks than vLLM's pool would.
+    assert "a replay of vLLM's block pool" in failed(SMALL_CACHE, [first, tier_turn(1, 84, 60, 56, 0)])
+    # The tier served less than the GPU cache lost, or a server without one loaded blocks.
+    assert "did not keep every evicted block" in failed(OFFLOAD_TIER, [first, tier_turn(1, 84, 60, 60, 12)])
+    assert "without a tier loaded" in failed(SMALL_CACHE, [first, tier_turn(1, 84, 60, 60, 24)])
+    # More than the prediction: the reset left blocks behind.
+    assert "the reset before the repeat left blocks" in failed(OFFLOAD_TIER, [first, tier_turn(1, 84, 60, 60, 40)])
+    # A cache that evicted nothing measured nothing.
+    assert "nothing was evicted" in failed(OFFLOAD_TIER, [first, tier_turn(1, 84, 84, 84, 0)])
+    # No by-source counters: the tiers cannot be told apart.
+    assert "by source" in failed(OFFLOAD_TIER, [first, tier_turn(1, 84, 60, None, None)])
+    assert "no turns" in failed(OFFLOAD_TIER, [])
+
+
+def test_the_replay_gives_the_gpu_cache_hits_measured_on_an_h200() -> None:
+    """M-c1-small-cache on one H200 (vLLM 0.26.0, 8B shape, 1,248 blocks of 16): every turn's GPU-cache hits,
+    counted by source, are what the replay of vLLM's block pool gives. The token ids are stand-ins with the
+    measured lengths and the sharing the server's own tokens had (each request shares its predicted cached
+    tokens with its conversation's previous turn, the first round the global prefix). A pool that uses
+    never-cached space before evicting predicted 71,712 and 70,304 for turns 1 and 2, where vLLM served
+    71,616 and 67,888: vLLM takes free blocks from the front of one queue, cached or not."""
+    data = json.loads((Path(__file__).parent / "data" / "h200-multiturn-small-cache.json").read_text())
+    fresh = iter(range(10**9, 2 * 10**9))
+    rounds: list[list[list[int]]] = []
+    for t in data["turns"]:
+        before = rounds[-1] if rounds else None
+        requests: list[list[int]] = []
+        for c, (n, shared) in enumerate(zip(t["prompt_tokens"], t["predicted"], strict=True)):
+            base = (before[c] if before else (requests[0] if requests else []))[:shared]
+            requests.append(base + [next(fresh) for _ in range(n - len(base))])
+        rounds.append(requests)
+    assert predict_rounds(rounds, data["block_size"]) == [t["predicted"] for t in data["turns"]]
+    hits, evicted = replay(rounds, data["output_len"], data["block_size"], data["gpu_blocks"], 1)
+    assert [sum(h) for h in hits] == [t["local_tokens"] for t in data["turns"]]
+    assert evicted > 0
