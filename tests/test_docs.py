@@ -1218,3 +1218,52 @@ def test_h200_baseline_page_shows_its_files(monkeypatch: pytest.MonkeyPatch, cap
     assert all("pytest_apc_dummy" in s["command"] for s in data["servers"])
     assert "5eea4de" in (REPO / "README.md").read_text()
     assert "5eea4de" in flat
+
+
+H200_MULTITURN = DOCS / "results" / "h200-multiturn"
+
+
+def test_h200_multiturn_page_shows_its_files(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The multi-turn page: what `report` prints of both runs' files, the per-turn tier numbers as the verdict
+    wrote them, the pass counts of both logs, and the prose's figures checked against the files."""
+    import json
+
+    from pytest_apc.__main__ import main
+
+    page = (H200_MULTITURN / "README.md").read_text()
+    flat = _flat(page)
+    monkeypatch.chdir(REPO)
+    for name, marker in (("full", "<!-- full-report -->"), ("tiers", "<!-- tiers-report -->")):
+        path = f"docs/results/h200-multiturn/{name}/results.json"
+        assert main(["report", path]) == 0
+        assert _block_after(page, marker) == capsys.readouterr().out.splitlines()
+        assert f"`python -m pytest_apc report {path}` prints" in flat
+    full = json.loads((H200_MULTITURN / "full" / "results.json").read_text())
+    tiers = json.loads((H200_MULTITURN / "tiers" / "results.json").read_text())
+    assert _passed_line(H200_MULTITURN / "full" / "pytest.log").startswith("2 failed, 7 passed,")
+    assert "**7 passed, 2 failed**" in flat
+    assert _passed_line(H200_MULTITURN / "tiers" / "pytest.log").startswith("2 passed,")
+    assert "**2 passed**" in flat
+    assert all(v["passed"] for v in tiers["verdicts"])
+    assert {v["name"] for v in full["verdicts"] if not v["passed"]} == {"multiturn_tiers"}
+    (tier_verdict,) = [v for v in tiers["verdicts"] if v["runs"] == ["M-c1-offload-tier"]]
+    assert _block_after(page, "<!-- tiers-turns -->") == tier_verdict["message"].splitlines()
+    runs = {r["id"]: r for r in full["runs"]}
+    per_turn = [t["predicted_hits"] for t in runs["M-c1"]["turns"]]
+    assert [t["hits"] for t in runs["M-c8"]["turns"]] == [t["hits"] for t in runs["M-c1"]["turns"]] == per_turn
+    assert ", ".join(f"{n:,}" for n in per_turn[:-1]) + f" and {per_turn[-1]:,} tokens" in flat
+    for run in ("M-c1", "M-c8"):
+        (v,) = [x for x in full["verdicts"] if x["name"] == "multiturn_ttft" and run in x["runs"]]
+        n = v["numbers"]
+        assert f"{n['ttft_speedup']:.2f}x [{n['ttft_speedup_low']:.2f}, {n['ttft_speedup_high']:.2f}]" in flat
+    small, tier = ({r["id"]: r for r in tiers["runs"]}[k]["turns"] for k in ("M-c1-small-cache", "M-c1-offload-tier"))
+    assert [t["local_tokens"] for t in small] == [t["local_tokens"] for t in tier] == [t["replayed"] for t in tier]
+    assert sum(t["local_tokens"] + t["tier_tokens"] for t in tier) == sum(t["predicted_hits"] for t in tier)
+    assert f"**{sum(t['predicted_hits'] for t in tier):,}**" in flat
+    assert f"{sum(t['tier_tokens'] for t in tier):,} of them were computed again" in flat
+    sizes = tiers["servers"][0]["offload"]
+    for figure in (sizes["gpu_blocks"], sizes["working_set_tokens"], sizes["kv_bytes_per_token"]):
+        assert f"{figure:,}" in flat
+    assert f"**{sizes['tier_gib']:g} GiB**" in flat
+    old = [t["replayed"] for t in runs["M-c1-small-cache"]["turns"][1:3]]
+    assert f"predicted {old[0]:,} and {old[1]:,} GPU-cache hits" in flat
