@@ -56,6 +56,11 @@ def test_every_turn_hits_exactly_as_predicted(multiturn_run) -> None:
     verdicts = {(v["name"], tuple(v["runs"])): v for v in data["verdicts"]}
     for run_id in ("M-c1", "M-c8", "M-c8-compact"):
         assert verdicts[("multiturn_hits", (run_id,))]["passed"], inner.output[-5000:]
+        # The round barrier, checked from vLLM's benchmark's own send times: every request of the run.
+        message = verdicts[("multiturn_hits", (run_id,))]["message"]
+        assert "barrier: 20 requests sent after the prefill they hit" in message, message  # 2 x (3 + 4 + 4 - 1)
+        assert "not checked" not in message
+        assert all(len(t["sent_s"]) == len(t["first_token_s"]) == 4 for t in runs[run_id]["turns"])
 
 
 def test_apc_off_counts_nothing(multiturn_run) -> None:

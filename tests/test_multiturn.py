@@ -361,3 +361,24 @@ def test_the_replay_gives_the_gpu_cache_hits_measured_on_an_h200() -> None:
     hits, evicted = replay(rounds, data["output_len"], data["block_size"], data["gpu_blocks"], 1)
     assert [sum(h) for h in hits] == [t["local_tokens"] for t in data["turns"]]
     assert evicted > 0
+
+
+def test_the_round_barrier_is_checked_from_send_and_first_token_times() -> None:
+    def timed(t: int, sent: list[float], first: list[float]) -> TurnRecord:
+        rec = turn(t, [0, 24, 24] if t == 0 else [28, 28, 28], 48 if t == 0 else 84)
+        rec.sent_s, rec.first_token_s = sent, first
+        return rec
+
+    ok = record("M", [timed(0, [0.0, 0.5, 0.5], [0.4, 0.6, 0.6]), timed(1, [2.0, 2.0, 2.0], [2.1, 2.1, 2.1])])
+    v = turn_hits_match(ok)
+    assert v.passed, v.message
+    assert "barrier: 5 requests sent after the prefill they hit" in v.message
+    # Turn 1 of conversation 2 sent before turn 0's first token; a first round sent all at once.
+    early = record("M", [timed(0, [0.0, 0.5, 0.5], [0.4, 0.6, 2.5]), timed(1, [2.0, 2.0, 2.0], [2.1, 2.1, 2.6])])
+    v = turn_hits_match(early)
+    assert not v.passed
+    assert "turn 1 conversation 2: sent at 2.000 s, before turn 0's first token at 2.500 s" in v.message
+    together = record("M", [timed(0, [0.0, 0.0, 0.0], [0.4, 0.5, 0.5])])
+    assert "before the first request's first token" in turn_hits_match(together).message
+    untimed = record("M", [turn(0, [0, 24, 24], 48)])
+    assert "3 not checked (the benchmark saved no send times)" in turn_hits_match(untimed).message

@@ -105,7 +105,7 @@ def merged_bench(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for name in ("completed", "failed", "total_input_tokens", "total_output_tokens", "duration"):
         merged[name] = sum(r.get(name) or 0 for r in results)
-    for name in ("ttfts", "latencies", "input_lens", "output_lens"):
+    for name in ("ttfts", "latencies", "input_lens", "output_lens", "start_times"):
         merged[name] = [v for r in results for v in (r.get(name) or [])]
     ttfts = np.asarray(merged["ttfts"], dtype=float) * 1000.0
     merged["median_ttft_ms"] = float(np.median(ttfts)) if ttfts.size else results[0].get("median_ttft_ms")
@@ -113,6 +113,17 @@ def merged_bench(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     tpots = [float(r["median_tpot_ms"]) for r in results if r.get("median_tpot_ms") is not None]
     merged["median_tpot_ms"] = float(np.median(tpots)) if tpots else None
     return merged
+
+
+def request_times(result: dict[str, Any], first: dict[str, Any]) -> tuple[list[float] | None, list[float] | None]:
+    """When each request of a round was sent and got its first token, in seconds since the repeat's first
+    request was sent (the benchmark's own send times, one clock for every run of its worker, and TTFTs);
+    None where the benchmark did not save its send times."""
+    starts, ttfts, origin = result.get("start_times"), result.get("ttfts"), first.get("start_times")
+    if not starts or not origin or len(starts) != len(ttfts or []):
+        return None, None
+    sent = [float(s) - float(origin[0]) for s in starts]
+    return [round(s, 4) for s in sent], [round(s + float(t), 4) for s, t in zip(sent, ttfts or [], strict=True)]
 
 
 def measure(
@@ -187,6 +198,7 @@ def measure(
                 commands.append(outcome.command)
             result, delta = merged_bench(part_results), sum_deltas(part_deltas)
             results.append(result)
+            sent, first_token = request_times(result, results[0])
             deltas.append(delta)
             replica_deltas.append(_sum_parts(round_replicas) if len(round_replicas) == len(parts) else {})
             turns.append(
@@ -202,6 +214,8 @@ def measure(
                     replayed=replayed[t],
                     local_tokens=delta.cached_tokens if delta else None,
                     tier_tokens=delta.external_tokens if delta else None,
+                    sent_s=sent,
+                    first_token_s=first_token,
                 )
             )
         totals = _sum_parts(replica_deltas) if all(replica_deltas) else {}

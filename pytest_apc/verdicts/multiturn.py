@@ -76,6 +76,37 @@ def _held_blocks(run: RunRecord, t: TurnRecord) -> int:
     return own - (len(before.prompt_tokens) - 1) * shared
 
 
+def barrier(run: RunRecord) -> tuple[str, list[str]]:
+    """The condition that makes the prediction exact at any concurrency, checked from the benchmark's own send
+    times and TTFTs: every request was sent after the request whose blocks it is predicted to hit got its
+    first token (its prefill was done): a conversation's previous turn, and in the first round the first
+    request, which computes the global prefix. A line for the message, and the requests sent too early."""
+    early: list[str] = []
+    checked = 0
+    unchecked = 0
+    for repeat in sorted({t.repeat for t in run.turns}):
+        turns = sorted((t for t in run.turns if t.repeat == repeat), key=lambda t: t.turn)
+        for before, t in zip([None, *turns], turns, strict=False):
+            if t.sent_s is None or t.first_token_s is None or (before is not None and before.first_token_s is None):
+                unchecked += len(t.prompt_tokens)
+                continue
+            for c, sent in enumerate(t.sent_s):
+                if before is None and c == 0:
+                    continue
+                ready = before.first_token_s[c] if before is not None and before.first_token_s else t.first_token_s[0]
+                checked += 1
+                if sent < ready:
+                    what = f"turn {t.turn - 1}'s" if before is not None else "the first request's"
+                    early.append(
+                        f"repeat {repeat + 1} turn {t.turn} conversation {c}: sent at {sent:.3f} s, before {what} "
+                        f"first token at {ready:.3f} s: its hits depend on how far that prefill had got"
+                    )
+    line = f"  barrier: {checked} requests sent after the prefill they hit, from the benchmark's send times and TTFTs"
+    if unchecked:
+        line += f"; {unchecked} not checked (the benchmark saved no send times)"
+    return line, early
+
+
 def turn_hits_match(run: RunRecord) -> Verdict:
     """Every turn of every repeat hits exactly what was predicted: each request's longest common prefix with
     a request prefilled before it since the reset, capped at its length - 1, in whole blocks."""
@@ -92,6 +123,9 @@ def turn_hits_match(run: RunRecord) -> Verdict:
         lines.append(_turn_line(run, t))
         if t.hits != t.predicted_hits:
             problems.append(f"repeat {t.repeat + 1} turn {t.turn}: {diagnose_turn(run, t)}")
+    line, early = barrier(run)
+    lines.append(line)
+    problems += early
     numbers: dict[str, Any] = {
         "turns": [
             {"repeat": t.repeat, "turn": t.turn, "hits": t.hits, "predicted": t.predicted_hits, "replayed": t.replayed}
@@ -262,6 +296,9 @@ def turn_hits_across_tiers(run: RunRecord) -> Verdict:
                 if tier
                 else f"{head}: a server without a tier loaded {got_tier:,} tokens through a KV connector"
             )  # fmt: skip
+    line, early = barrier(run)
+    lines.append(line)
+    problems += early
     predicted = sum(t.predicted_hits for t in run.turns)
     replayed = sum(t.replayed or 0 for t in run.turns)
     if run.turns and all(t.replayed is not None for t in run.turns) and replayed >= predicted:

@@ -224,6 +224,10 @@ class TurnRecord:
     # for its blocks and is scheduled again is not counted twice.
     local_tokens: int | None = None
     tier_tokens: int | None = None
+    # Each request's send time and first-token time, in seconds since the repeat's first request was sent (None:
+    # the benchmark did not save its send times): the round barrier, checked.
+    sent_s: list[float] | None = None
+    first_token_s: list[float] | None = None
     # Behind a router (affinity.py): every replica's requests and hits over the round, and the routing that
     # explains them (None where not found): the conversations each replica held, the hits that routing
     # predicts, the conversations that landed on another replica than their previous turn.
