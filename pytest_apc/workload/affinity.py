@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pytest_apc.workload.multiturn import common_prefix
+from pytest_apc.workload.multiturn import common_prefix, served
 
 # Assignments of one round's G requests to R replicas tried (R^G): 2 replicas x 16 conversations.
 MAX_ASSIGNMENTS = 1 << 16
@@ -64,8 +64,7 @@ class _Requests:
 
     def cached(self, request: tuple[int, int], earlier: Sequence[tuple[int, int]]) -> int:
         longest = max((self.lcp(request, e) for e in earlier), default=0)
-        length = len(self.rounds[request[0]][request[1]])
-        return min(longest, length - 1) // self.block * self.block if self.block else 0
+        return served(longest, len(self.rounds[request[0]][request[1]]), self.block) if self.block else 0
 
 
 def _round_hits(

@@ -147,8 +147,13 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 def cached_tokens(tokens: Sequence[int], earlier: Sequence[Sequence[int]], block_size: int) -> int:
     """What vLLM's prefix cache serves a request: its longest common prefix with any earlier request, capped
     at len - 1 and floored to whole blocks (only full blocks are cached; the last prompt token is computed)."""
-    longest = max((common_prefix(tokens, e) for e in earlier), default=0)
-    return min(longest, len(tokens) - 1) // block_size * block_size
+    return served(max((common_prefix(tokens, e) for e in earlier), default=0), len(tokens), block_size)
+
+
+def served(longest: int, length: int, block_size: int) -> int:
+    """The cached tokens of a request of ``length`` tokens whose longest common prefix with an earlier one is
+    ``longest``: capped at length - 1, floored to whole blocks."""
+    return min(longest, length - 1) // block_size * block_size
 
 
 def predict_rounds(rounds: Sequence[Sequence[Sequence[int]]], block_size: int) -> list[list[int]]:
