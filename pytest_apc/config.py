@@ -566,15 +566,16 @@ class Settings:
         cpu=0,
     )
     pure_gain_concurrency: int = setting(
-        _non_negative_int,
+        number(int, low=-1),
         0,
         (
-            "Concurrency up to which C/D must show a significant median-TTFT gain (0: every level). Above it the "
-            "pair is held to not being slower and the gain is reported: on a 2-core CPU the server's own request "
-            "handling competes with the engine for the cores, so TTFT at high concurrency is not prefill"
+            "Concurrency up to which C/D must show a significant median-TTFT gain (0: every level; -1: at no "
+            "level). Above it the pair is held to not being slower and the gain is reported. On a 2-core CPU the "
+            "API server, which streams the tiny model's tokens, competes with the engine for the cores, so its "
+            "TTFT is not prefill, even at concurrency 1"
         ),
         "N",
-        cpu=1,
+        cpu=-1,
     )
     min_bound_fraction: float = setting(
         _fraction_or_zero,

@@ -192,13 +192,16 @@ def test_rag_effect_switches_on_concurrency(pytester) -> None:
 
 
 def test_pure_effect_switches_on_the_profile_limit(pytester) -> None:
-    cpu = settings(pytester)  # CPU profile: significant gain required at concurrency 1 only
-    gpu = settings(pytester, "--apc-pure-gain-concurrency=0")
+    cpu = settings(pytester)  # CPU profile (-1): no significant gain required at any level
+    gpu = settings(pytester, "--apc-pure-gain-concurrency=0")  # every level
+    up_to_1 = settings(pytester, "--apc-pure-gain-concurrency=1")
     off2, on2 = record(cpu, "C", 2, off_delta(cpu, "C"), 100.0), record(cpu, "D", 2, delta(1, 0), 100.0)
     assert verdict.pure_effect(verdict.Pair(off2, on2, cpu)).name == "not_slower"
     assert verdict.pure_effect(verdict.Pair(off2, on2, gpu)).name == "ttft_gain"
+    assert verdict.pure_effect(verdict.Pair(off2, on2, up_to_1)).name == "not_slower"
     off1, on1 = record(cpu, "C", 1, off_delta(cpu, "C"), 100.0), record(cpu, "D", 1, delta(1, 0), 100.0)
-    assert verdict.pure_effect(verdict.Pair(off1, on1, cpu)).name == "ttft_gain"
+    assert verdict.pure_effect(verdict.Pair(off1, on1, cpu)).name == "not_slower"
+    assert verdict.pure_effect(verdict.Pair(off1, on1, up_to_1)).name == "ttft_gain"
 
 
 def test_same_as_default_fails_on_other_hits_and_slowness(pytester) -> None:

@@ -317,10 +317,10 @@ def not_slower(pair: Pair) -> Verdict:
 
 
 def pure_effect(pair: Pair) -> Verdict:
-    """C/D: a significant TTFT gain up to --apc-pure-gain-concurrency (every level by default); above it,
-    not slower."""
+    """C/D: a significant TTFT gain up to --apc-pure-gain-concurrency (every level by default, none at -1);
+    above it, not slower."""
     limit = pair.settings.pure_gain_concurrency
-    if not limit or pair.on.key.concurrency <= limit:
+    if limit >= 0 and (not limit or pair.on.key.concurrency <= limit):
         return ttft_gain(pair)
     return not_slower(pair)
 

@@ -122,7 +122,7 @@ def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, C
         ("low_concurrency", lambda use: any(k.case == "F" and (not low or k.concurrency <= low) and not k.hash_algo
                                             for k in use.keys),
          f"no selected test judges the E/F pair at concurrency {low} or below; {rag_levels}"),
-        ("pure_gain_concurrency", lambda use: any(k.case == "D" and (not pure_gain or k.concurrency <= pure_gain)
+        ("pure_gain_concurrency", lambda use: any(k.case == "D" and (pure_gain <= 0 or k.concurrency <= pure_gain)
                                                   and not k.hash_algo for k in use.keys),
          f"no selected test judges the C/D pair at concurrency {pure_gain} or below; {pure_levels}"),
         *((name, family(*readers), f"no selected test runs {_cases_in_words(readers)}, the "
