@@ -304,13 +304,15 @@ def gateway(tmp_path):
     router_dir = tmp_path / "gateway"
     router_dir.mkdir()
     port, metrics_port = (int(_free_url().rsplit(":", 1)[1]) for _ in range(2))
-    router = subprocess.Popen(
-        [shutil.which("vllm-router") or "vllm-router", "--worker-urls", one_url, two_url, "--policy", "round_robin",
-         "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(metrics_port)],
-        cwd=router_dir, stdout=(router_dir / "router.log").open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
+    started = [one, two]  # stopped whatever happens next, a router that cannot start too
     try:
+        router = subprocess.Popen(
+            [shutil.which("vllm-router") or "vllm-router", "--worker-urls", one_url, two_url, "--policy",
+             "round_robin", "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(metrics_port)],
+            cwd=router_dir, stdout=(router_dir / "router.log").open("wb"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        started.append(router)
         deadline = time.monotonic() + 30
         while True:
             with contextlib.suppress(requests.RequestException):
@@ -321,7 +323,7 @@ def gateway(tmp_path):
             time.sleep(0.2)
         yield url, [f"--apc-metrics-url={one_url}", f"--apc-metrics-url={two_url}"]
     finally:
-        for proc in (router, one, two):
+        for proc in started:
             proc.kill()
             proc.wait()
 
