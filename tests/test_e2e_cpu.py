@@ -269,14 +269,15 @@ def test_hash_algorithms_cache_the_same_blocks(tmp_path) -> None:
     started. At concurrency 1: on two cores, runs at concurrency 8 last under a second and their timing
     varies 2x from server to server (seen: D-c8 0.27 s on one server, 0.55 s on the next with the same
     hits), which no tolerance separates from a real overhead; sequential requests are what a 2-core
-    machine can time. Even then D-c1's ~10 ms TTFTs can switch to ~27 ms halfway through a run, on any
-    server (seen on the default sha256 server and on xxhash_cbor in one run, while B and F stayed
-    steady), so the timing tolerance here is 200%: this test is about the cache, the GPU run about cost."""
+    machine can time. Even then a server's D-c1 TTFT sits in one of two states for a run, whatever its
+    algorithm: about 10-15 ms or 27-50 ms (seen: 14.9 ms on the default sha256 server and 46.8 ms on
+    xxhash_cbor in one run, 3.14x [3.07, 3.19] with the same hits; 49.9 ms on sha256 in another run), so
+    the timing tolerance here is 900%: this test is about the cache, the GPU run about cost."""
     from tests.conftest import InnerRun
 
     algos = ("sha256_cbor", "xxhash", "xxhash_cbor")
     args = [str(TESTS_APC), "-m", "hash_algo", "--cpu-node", f"--apc-hash-algos={','.join(algos)}",
-            "--apc-concurrency=1", "--apc-overhead-tolerance=2.0",
+            "--apc-concurrency=1", "--apc-overhead-tolerance=9.0",
             f"--apc-results-dir={tmp_path}/apc-results"]  # fmt: skip
     inner = InnerRun(args, tmp_path, timeout=1200).wait()
     assert inner.ret == 0, inner.output[-5000:]
