@@ -2,8 +2,9 @@
 falling to the global prefix, and late turns answered sooner with APC than without.
 
 A turn whose hits fall short is told apart by cause, the most direct evidence first: counters not read, no
-lookups (APC off), and eviction, when a replay of vLLM's block pool at the server's KV-cache size (an LRU pool,
-``workload.multiturn.replay``) loses blocks that an earlier turn left for a later one.
+lookups (APC off), and eviction, when a replay of vLLM's block pool at the server's KV-cache size
+(``workload.multiturn.replay``: free blocks reused in the order they were freed) loses blocks that an earlier
+turn left for a later one.
 """
 
 from __future__ import annotations
@@ -48,13 +49,13 @@ def diagnose_turn(run: RunRecord, t: TurnRecord) -> str:
         return (
             f"eviction: the server's KV cache of {info.num_gpu_blocks:,} blocks of {info.block_size} tokens cannot "
             f"keep the conversations between turns: the turn before held {held:,} blocks "
-            + (f"(a replay of vLLM's block pool, LRU, at that size predicts {t.replayed:,} hits for turn {t.turn} "
+            + (f"(a replay of vLLM's block pool at that size predicts {t.replayed:,} hits for turn {t.turn} "
                f"instead of {t.predicted_hits:,}; measured {t.hits})" if t.replayed is not None else "")
         )  # fmt: skip
     if t.replayed is not None and t.replayed < t.predicted_hits:
         return (
             f"eviction: the server's KV cache of {info.num_gpu_blocks:,} blocks of {info.block_size} tokens cannot "
-            f"keep the conversations between turns; a replay of vLLM's block pool (LRU) at that size predicts "
+            f"keep the conversations between turns; a replay of vLLM's block pool at that size predicts "
             f"{t.replayed:,} hits for turn {t.turn} instead of {t.predicted_hits:,} (measured {t.hits})"
         )
     return (
@@ -242,7 +243,7 @@ def ttft_by_turn(run: RunRecord) -> dict[int, float]:
 
 def turn_hits_across_tiers(run: RunRecord) -> Verdict:
     """A small GPU cache (M-c1-small-cache), and the same with a CPU tier behind it (M-c1-offload-tier): every
-    turn's GPU-cache hits are what a replay of vLLM's block pool at the server's size gives (LRU, exact at
+    turn's GPU-cache hits are what a replay of vLLM's block pool at the server's size gives (exact at
     concurrency 1, where a loaded block takes its place in the pool like a computed one), and the tier serves
     exactly what the GPU cache lost: predicted - replayed, so that both tiers together hit what one server with
     room for every conversation does. Without a tier, it serves nothing. Tokens are counted by source
@@ -283,9 +284,10 @@ def turn_hits_across_tiers(run: RunRecord) -> Verdict:
             )
         elif local != t.replayed:
             problems.append(
-                f"{head}: the GPU cache served {local:,} tokens, and a replay of vLLM's block pool (LRU, freed "
-                f"tail first) at {blocks or '?'} blocks gives {t.replayed:,}: the pool evicts in another order than "
-                "vLLM's, or requests overlapped (the replay is exact at concurrency 1)"
+                f"{head}: the GPU cache served {local:,} tokens, and a replay of vLLM's block pool (free blocks "
+                f"reused in the order they were freed, tail first) at {blocks or '?'} blocks gives "
+                f"{t.replayed:,}: the pool evicts in another order than vLLM's, or requests overlapped (the replay "
+                "is exact at concurrency 1)"
             )
         elif got_tier != want_tier:
             problems.append(
