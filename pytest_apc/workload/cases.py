@@ -25,8 +25,12 @@ at concurrency 1); O keeps evicted blocks in CPU memory and loads them back: its
 the prediction of one server with room for everything.
 
 A *workload* is what the benchmark sends; the ON and OFF case of a pair share it byte for byte.
-The expected cache hits are computed here (``predict``) from the workload's shape, the
-server's block size and the chat template's shared header; never hard-coded.
+The expected cache hits are computed from the workload's shape, the server's block size and the chat
+template's shared header; never hard-coded. ``predict`` here gives a cold server's hits when every prefix
+stays cached (A-F and R; O's across both tiers); ``measure/run.py`` calls it. The others are computed where
+the server's own numbers are known: N's GPU-cache hits in ``measure/run.py`` (vLLM's block pool replayed
+over the requests as sent, ``eviction.local_hits``), and M/L's per-turn hits in ``measure/multiturn.py``
+(``multiturn.predict_rounds`` over the tokens the server prefills).
 """
 
 from __future__ import annotations
