@@ -952,8 +952,8 @@ def _profile_default(spec: Spec, profile: str | None) -> Any:
 def default_for(name: str, profile: str | None) -> Any:
     """The value a setting takes when nobody set it: the profile's default, else the default."""
     spec = SPEC_BY_NAME[name]
-    found = _profile_default(spec, profile)
-    return found if found is not None else spec.default
+    profile_default = _profile_default(spec, profile)
+    return profile_default if profile_default is not None else spec.default
 
 
 def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Settings:
@@ -964,10 +964,10 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
     profile_raw = _raw(SPEC_BY_NAME["profile"], config, env)
     profile = _convert(SPEC_BY_NAME["profile"], *profile_raw) if profile_raw else None
     for spec in SPECS:
-        found = _raw(spec, config, env)
-        if found is not None:
-            values[spec.name] = _convert(spec, *found)
-            sources[spec.name] = found[1]
+        given = _raw(spec, config, env)
+        if given is not None:
+            values[spec.name] = _convert(spec, *given)
+            sources[spec.name] = given[1]
             continue
         values[spec.name] = default_for(spec.name, profile)
         sources[spec.name] = f"{profile} profile default" if _profile_default(spec, profile) is not None else "default"
@@ -1078,14 +1078,14 @@ def _check_multiturn(settings: Settings) -> None:
 def flag_value(command: Sequence[str], names: Sequence[str]) -> str | None:
     """The value of the last of ``names`` on a command line (``--flag V`` or ``--flag=V``), as argparse
     keeps the last; None when absent."""
-    found = None
+    value = None
     for i, part in enumerate(command):
         for name in names:
             if part == name and i + 1 < len(command):
-                found = command[i + 1]
+                value = command[i + 1]
             elif part.startswith(name + "="):
-                found = part.split("=", 1)[1]
-    return found
+                value = part.split("=", 1)[1]
+    return value
 
 
 def setting_names() -> Sequence[str]:
