@@ -4,8 +4,8 @@ a pytest run, and (``pytest-apc`` only) run the installed suite.
 ``report`` prints a results file's validation table as its run printed it; ``compare`` gates one results
 file against another by the rules of ``--apc-baseline``; ``calibrate`` measures the run-to-run noise of
 several results files of one build, the limits it implies, and can store it in a baseline. They render and
-compare through the functions the plugin uses (``report.terminal``, ``report.markdown``, ``report.gate``,
-``noise``); nothing is recomputed.
+compare through the functions the plugin uses (``report.terminal``, ``report.markdown``, ``gate.compare``,
+``gate.calibration`` and its ``gate.noise``); nothing is recomputed.
 ``pytest-apc [PYTEST ARGS]`` is ``pytest --pyargs tests_apc [PYTEST ARGS]``: the suite as the wheel installed it,
 from any folder. ``python -m pytest_apc.measure.bench`` and ``python -m pytest_apc.report.reference`` are
 separate modules.

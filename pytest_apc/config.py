@@ -22,10 +22,17 @@ from typing import Any, Literal, TypeVar, overload
 
 import pytest
 
-from pytest_apc.workload.cases import DATA_PARALLEL, EXTERNAL_FLEET, ROUTER_POLICIES, longest_request_tokens
-
 PROFILES = ("gpu", "cpu")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+# Routes of the fleet case (``RunKey.route``): vllm-router's policies (one launched fleet serves them all),
+# and two that are not.
+ROUTER_POLICIES = (
+    "round_robin", "random", "cache_aware", "consistent_hash", "power_of_two", "sticky_least_loaded", "kv_aware",
+)  # fmt: skip
+DATA_PARALLEL = "dp"  # one vLLM server with --data-parallel-size: its own balancer
+# A router or gateway run elsewhere (--apc-fleet-url): the default of its route label (--apc-route-label). Any
+# route that is neither a router policy nor DATA_PARALLEL is an external fleet's label.
+EXTERNAL_FLEET = "external"
 # Bind addresses meaning "every interface"; clients reach such a server on the loopback address.
 WILDCARD_HOSTS = ("0.0.0.0", "::")
 # The CPU default scales every workload length by this factor: 32768 -> 2048.
@@ -135,14 +142,6 @@ def _cases(text: str) -> str:
     if not text or any(c not in "CDEF" for c in text):
         raise ValueError("must be letters from CDEF")
     return "".join(sorted(set(text)))
-
-
-def _model_shape(text: str) -> str:
-    from pytest_apc.workload.models import SHAPES
-
-    if text and text not in SHAPES:
-        raise ValueError(f"must be one of {', '.join(SHAPES)}")
-    return text
 
 
 def _one_of(*choices: str) -> Callable[[str], str]:
@@ -308,7 +307,7 @@ class Settings:
         cpu="",
     )
     model_shape: str = setting(
-        _model_shape,
+        _str,  # one of workload.models.SHAPES: workload.plan.check_settings refuses another
         "",
         (
             "Serve a known architecture shape with random weights instead of a model (llama-3.1-8b, "
@@ -953,8 +952,8 @@ def _profile_default(spec: Spec, profile: str | None) -> Any:
 def default_for(name: str, profile: str | None) -> Any:
     """The value a setting takes when nobody set it: the profile's default, else the default."""
     spec = SPEC_BY_NAME[name]
-    found = _profile_default(spec, profile)
-    return found if found is not None else spec.default
+    profile_default = _profile_default(spec, profile)
+    return profile_default if profile_default is not None else spec.default
 
 
 def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Settings:
@@ -965,10 +964,10 @@ def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Set
     profile_raw = _raw(SPEC_BY_NAME["profile"], config, env)
     profile = _convert(SPEC_BY_NAME["profile"], *profile_raw) if profile_raw else None
     for spec in SPECS:
-        found = _raw(spec, config, env)
-        if found is not None:
-            values[spec.name] = _convert(spec, *found)
-            sources[spec.name] = found[1]
+        given = _raw(spec, config, env)
+        if given is not None:
+            values[spec.name] = _convert(spec, *given)
+            sources[spec.name] = given[1]
             continue
         values[spec.name] = default_for(spec.name, profile)
         sources[spec.name] = f"{profile} profile default" if _profile_default(spec, profile) is not None else "default"
@@ -1012,78 +1011,81 @@ def connect_address(bind_host: str) -> str:
     return "127.0.0.1" if bind_host in WILDCARD_HOSTS else bind_host
 
 
+def setting_error(settings: Settings, name: str, why: str) -> SettingError:
+    """The error for setting ``name``'s resolved value: it names the setting, the value and its source."""
+    value = getattr(settings, name)
+    return SettingError(f"Invalid {SPEC_BY_NAME[name].ini} {value!r} from {settings.sources[name]}: {why}")
+
+
 def _check_lengths(settings: Settings) -> None:
+    # The workload's own limits (the longest request against --apc-max-model-len) are workload.plan's.
     scale = settings.length_scale
     for name in ("prefix_len", "rag_prefix_len", "input_len", "suffix_len", "output_len"):
-        value = getattr(settings, name)
-        if round(value * scale) < 1:
-            raise SettingError(
-                f"Invalid {SPEC_BY_NAME[name].ini} {value!r} from {settings.sources[name]}: "
-                f"scaled by length_scale {scale} it is below one token"
-            )
-    max_len = settings.max_model_len
-    if max_len:
-        longest = longest_request_tokens(settings)
-        if longest > max_len:
-            raise SettingError(
-                f"Invalid apc_max_model_len {max_len} from {settings.sources['max_model_len']}: the longest workload "
-                f"needs {longest} tokens (prefix + suffix + output) plus the chat template"
-            )
+        if round(getattr(settings, name) * scale) < 1:
+            raise setting_error(settings, name, f"scaled by length_scale {scale} it is below one token")
 
 
 def _check_baseline(settings: Settings) -> None:
     if settings.baseline and settings.repeats < settings.baseline_repeats:
-        raise SettingError(
-            f"Invalid apc_repeats {settings.repeats} from {settings.sources['repeats']}: the baseline gate "
-            f"judges runs of apc_baseline_repeats {settings.baseline_repeats} cold repeats or more (lower "
-            "apc_baseline_repeats to gate on fewer, at a wider limit)"
+        raise setting_error(
+            settings,
+            "repeats",
+            f"the baseline gate judges runs of apc_baseline_repeats {settings.baseline_repeats} cold repeats or "
+            "more (lower apc_baseline_repeats to gate on fewer, at a wider limit)",
         )
 
 
 def _check_fleet(settings: Settings) -> None:
-    def invalid(name: str, why: str) -> SettingError:
-        value = getattr(settings, name)
-        return SettingError(f"Invalid {SPEC_BY_NAME[name].ini} {value!r} from {settings.sources[name]}: {why}")
-
     if settings.num_prompts % settings.prefix_groups:
-        raise invalid("prefix_groups", f"it must divide apc_num_prompts {settings.num_prompts} (equal groups)")
+        raise setting_error(
+            settings, "prefix_groups", f"it must divide apc_num_prompts {settings.num_prompts} (equal groups)"
+        )
     if settings.fleet_url and len(settings.metrics_url) < 2:
-        raise invalid("fleet_url", "a fleet needs the base URL of each of its replicas (--apc-metrics-url, 2 or more)")
+        raise setting_error(
+            settings, "fleet_url", "a fleet needs the base URL of each of its replicas (--apc-metrics-url, 2 or more)"
+        )
     if settings.metrics_url and not settings.fleet_url:
-        raise invalid("metrics_url", "replica URLs are only read for a fleet given by --apc-fleet-url")
+        raise setting_error(settings, "metrics_url", "replica URLs are only read for a fleet given by --apc-fleet-url")
     if settings.offload_groups > settings.num_prompts:
-        raise invalid("offload_groups", f"more prefix groups than apc_num_prompts {settings.num_prompts}")
+        raise setting_error(
+            settings, "offload_groups", f"more prefix groups than apc_num_prompts {settings.num_prompts}"
+        )
     if settings.route_label != EXTERNAL_FLEET and not settings.fleet_url:
-        raise invalid("route_label", "it names the route of a fleet given by --apc-fleet-url, and none is given")
+        raise setting_error(
+            settings, "route_label", "it names the route of a fleet given by --apc-fleet-url, and none is given"
+        )
     if settings.fleet_promise != "none" and not settings.fleet_url:
-        raise invalid(
+        raise setting_error(
+            settings,
             "fleet_promise",
             "it is what a gateway given by --apc-fleet-url promises; the router policies' promises are their own",
         )
     if settings.data_parallel_size == 1:
-        raise invalid("data_parallel_size", "one rank is not data parallel (0 skips it, 2 or more measures it)")
+        raise setting_error(
+            settings, "data_parallel_size", "one rank is not data parallel (0 skips it, 2 or more measures it)"
+        )
 
 
 def _check_multiturn(settings: Settings) -> None:
     if settings.multiturn_compact_after >= settings.multiturn_turns:
-        name = "multiturn_compact_after"
-        raise SettingError(
-            f"Invalid {SPEC_BY_NAME[name].ini} {settings.multiturn_compact_after!r} from {settings.sources[name]}: "
-            f"a conversation of apc_multiturn_turns {settings.multiturn_turns} turns is compacted before a later turn"
+        raise setting_error(
+            settings,
+            "multiturn_compact_after",
+            f"a conversation of apc_multiturn_turns {settings.multiturn_turns} turns is compacted before a later turn",
         )
 
 
 def flag_value(command: Sequence[str], names: Sequence[str]) -> str | None:
     """The value of the last of ``names`` on a command line (``--flag V`` or ``--flag=V``), as argparse
     keeps the last; None when absent."""
-    found = None
+    value = None
     for i, part in enumerate(command):
         for name in names:
             if part == name and i + 1 < len(command):
-                found = command[i + 1]
+                value = command[i + 1]
             elif part.startswith(name + "="):
-                found = part.split("=", 1)[1]
-    return found
+                value = part.split("=", 1)[1]
+    return value
 
 
 def setting_names() -> Sequence[str]:

@@ -33,7 +33,7 @@ from pytest_apc.serving import preflight
 from pytest_apc.serving import process as procs
 from pytest_apc.verdicts.verdict import Pair, Verdict, not_comparable
 from pytest_apc.workload.cases import CASE_APC, FAMILY_MARKERS, OWN_MARKER_FAMILIES, RunKey
-from pytest_apc.workload.plan import APC_CASES_OPTIONS, TestUse, parametrization, unused_settings
+from pytest_apc.workload.plan import APC_CASES_OPTIONS, TestUse, check_settings, parametrization, unused_settings
 
 SETTINGS_KEY = pytest.StashKey[apc_config.Settings]()
 SESSION_KEY = pytest.StashKey[ApcSession]()
@@ -99,6 +99,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     try:
         settings = apc_config.resolve(config)
+        check_settings(settings)
     except apc_config.SettingError as err:
         raise pytest.UsageError(str(err)) from None
     config.stash[SETTINGS_KEY] = settings

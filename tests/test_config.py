@@ -85,11 +85,6 @@ def test_invalid_ini_names_the_ini_key(pytester: pytest.Pytester) -> None:
         resolve(pytester, ini="apc_output_len = x")
 
 
-def test_max_model_len_too_small_for_workload(pytester: pytest.Pytester) -> None:
-    with pytest.raises(apc_config.SettingError, match="the longest workload needs"):
-        resolve(pytester, "--cpu-node", "--apc-max-model-len=1000")
-
-
 def test_gpu_node_needs_a_model(pytester: pytest.Pytester) -> None:
     with pytest.raises(apc_config.SettingError, match=r"No model for --gpu-node.*MODEL_70B"):
         resolve(pytester, "--gpu-node")

@@ -4,6 +4,7 @@ back through others. A module that needs something from a layer above it is in t
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,25 +36,48 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """The project modules ``path`` imports (type-only imports included: they are dependencies too)."""
+def _type_checking(node: ast.If) -> bool:
+    """Whether ``node`` is an ``if TYPE_CHECKING:`` block (its imports exist for the type checker only)."""
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(node: ast.AST, type_checking: bool) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement under ``node``, in functions too; of an ``if TYPE_CHECKING:`` block only its
+    ``else`` branch unless ``type_checking``."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        yield node
+        return
+    if not type_checking and isinstance(node, ast.If) and _type_checking(node):
+        children: Iterable[ast.AST] = node.orelse
+    else:
+        children = ast.iter_child_nodes(node)
+    for child in children:
+        yield from _import_nodes(child, type_checking)
+
+
+def _imports(path: Path, name: str, known: set[str], type_checking: bool = True) -> set[str]:
+    """The project modules ``path`` imports; type-only imports (``if TYPE_CHECKING:``) too when
+    ``type_checking``: they are dependencies of the types, not of the running code."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    imported: set[str] = set()
+    for node in _import_nodes(ast.parse(path.read_text()), type_checking):
         if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("pytest_apc"))
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            if not base.startswith("pytest_apc"):
-                continue
-            for alias in node.names:
-                full = f"{base}.{alias.name}"
-                found.add(full if full in known else base)
-    found.discard(name)
-    return {m for m in found if m in known and m != "pytest_apc"}
+            imported.update(a.name for a in node.names if a.name.startswith("pytest_apc"))
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+            base = ".".join([*anchor, base] if base else anchor)
+        if not base.startswith("pytest_apc"):
+            continue
+        for alias in node.names:
+            full = f"{base}.{alias.name}"
+            imported.add(full if full in known else base)
+    imported.discard(name)
+    return {m for m in imported if m in known and m != "pytest_apc"}
 
 
 def _layer(module: str) -> str:
@@ -61,10 +85,41 @@ def _layer(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(type_checking: bool = True) -> dict[str, set[str]]:
     modules = _modules()
     known = set(modules)
-    return {name: _imports(path, name, known) for name, path in modules.items()}
+    return {name: _imports(path, name, known, type_checking) for name, path in modules.items()}
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` with subpackages and top-level modules as nodes (``config``, ``workload``, ``serving``...): a
+    module of X importing one of Y is an edge X -> Y."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        packages.setdefault(_layer(module), set()).update(_layer(t) for t in targets)
+    return {package: targets - {package} for package, targets in packages.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every import cycle a depth-first walk of ``graph`` meets, as ``a -> b -> a``."""
+    state: dict[str, int] = {}
+    cycles: list[str] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(graph[node]):
+            if target.startswith(node + "."):  # a package re-exporting its own modules
+                continue
+            if state.get(target) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(target) :], target]))
+            elif target not in state:
+                visit(target, [*stack, target])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return cycles
 
 
 def test_every_module_belongs_to_a_layer() -> None:
@@ -83,26 +138,37 @@ def test_imports_point_down() -> None:
 
 
 def test_no_import_cycles() -> None:
-    graph = _graph()
-    # The package __init__ files re-export their modules: importing them is importing those modules.
-    state: dict[str, int] = {}
-    cycles: list[str] = []
-
-    def visit(node: str, stack: list[str]) -> None:
-        state[node] = 1
-        for target in sorted(graph[node]):
-            if target.startswith(node + "."):  # a package re-exporting its own modules
-                continue
-            if state.get(target) == 1:
-                cycles.append(" -> ".join([*stack[stack.index(target) :], target]))
-            elif target not in state:
-                visit(target, [*stack, target])
-        state[node] = 2
-
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [module])
+    """No module imports itself back through others (imports for the type checker aside)."""
+    cycles = _cycles(_graph(type_checking=False))
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_no_import_cycles_between_packages() -> None:
+    """No subpackage or top-level module imports itself back through others (``config -> workload ->
+    config`` is a circle even when no single module is on one), imports for the type checker aside."""
+    cycles = _cycles(_package_graph(_graph(type_checking=False)))
+    assert not cycles, "import cycles between packages:\n" + "\n".join(cycles)
+
+
+def test_the_cycle_rules_themselves() -> None:
+    """A circle through packages fails, though no module is on one; an import for the type checker does not
+    count."""
+    modules = {"pytest_apc.config": {"pytest_apc.workload.cases"}, "pytest_apc.workload.cases": set(),
+               "pytest_apc.workload.plan": {"pytest_apc.config"}}  # fmt: skip
+    assert not _cycles(modules)
+    assert _cycles(_package_graph(modules)) == ["config -> workload -> config"]
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pytest_apc.config import Settings\n"
+        "else:\n    from pytest_apc.redaction import redact\n"
+    )
+    imported = {
+        flag: {n.module for n in _import_nodes(ast.parse(source), flag) if isinstance(n, ast.ImportFrom)}
+        for flag in (True, False)
+    }
+    assert imported == {
+        True: {"typing", "pytest_apc.config", "pytest_apc.redaction"},
+        False: {"typing", "pytest_apc.redaction"},
+    }
 
 
 def test_the_top_level_holds_few_modules() -> None:

@@ -1,5 +1,5 @@
 """The plan, decided from the settings alone (no pytest involved): how a test marked apc_cases is
-parametrized, and which given settings no selected test uses."""
+parametrized, which given settings no selected test uses, and which settings the workload refuses."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from pytest_apc import config as apc_config
 from pytest_apc.config import SPEC_BY_NAME, SPECS
 from pytest_apc.workload import plan
 from pytest_apc.workload.cases import FAMILIES, FAMILY_LENGTHS, FAMILY_MARKERS, RunKey, workload_for
@@ -17,6 +18,37 @@ from tests.conftest import default_settings as settings
 def ids(params: list[RunParam]) -> list[str]:
     assert all(p.skip is None and p.test_id == p.run_id for p in params), params
     return [p.run_id for p in params]
+
+
+def test_max_model_len_too_small_for_workload(pytester: pytest.Pytester) -> None:
+    settings_ = apc_config.resolve(pytester.parseconfig("--cpu-node", "--apc-max-model-len=1000"), environ={})
+    with pytest.raises(
+        apc_config.SettingError,
+        match=r"^Invalid apc_max_model_len 1000 from option --apc-max-model-len: the longest workload needs 4064 ",
+    ):
+        plan.check_settings(settings_)
+    plan.check_settings(replace(settings_, max_model_len=4064))  # the longest request fits: no error
+
+
+def test_an_unknown_model_shape_is_refused(pytester: pytest.Pytester) -> None:
+    settings_ = apc_config.resolve(pytester.parseconfig(), environ={"PYTEST_APC_MODEL_SHAPE": "llama-9b"})
+    with pytest.raises(
+        apc_config.SettingError,
+        match=r"^Invalid apc_model_shape 'llama-9b' from environment variable PYTEST_APC_MODEL_SHAPE: must be one "
+        r"of llama-3.1-8b, llama-3.1-70b$",
+    ):
+        plan.check_settings(settings_)
+    plan.check_settings(replace(settings_, model_shape="llama-3.1-70b"))
+
+
+def test_the_plugin_stops_on_a_setting_the_workload_refuses(pytester: pytest.Pytester) -> None:
+    """config.resolve knows nothing of the workload: the plugin checks these right after it, as usage errors."""
+    result = pytester.runpytest("--cpu-node", "--apc-max-model-len=1000")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: Invalid apc_max_model_len 1000 from option --apc-max-model-len: *"])
+    result = pytester.runpytest("--gpu-node", "--apc-model-shape=llama-9b")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: Invalid apc_model_shape 'llama-9b' from option --apc-model-shape: *"])
 
 
 def test_cases_at_the_default_concurrency() -> None:

@@ -25,56 +25,19 @@ at concurrency 1); O keeps evicted blocks in CPU memory and loads them back: its
 the prediction of one server with room for everything.
 
 A *workload* is what the benchmark sends; the ON and OFF case of a pair share it byte for byte.
-The expected cache hits are computed here (``predict``) from the workload's shape, the
-server's block size and the chat template's shared header; never hard-coded.
+The expected cache hits are computed from the workload's shape, the server's block size and the chat
+template's shared header; never hard-coded. ``predict`` here gives a cold server's hits when every prefix
+stays cached (A-F and R; O's across both tiers); ``measure/run.py`` calls it. The others are computed where
+the server's own numbers are known: N's GPU-cache hits in ``measure/run.py`` (vLLM's block pool replayed
+over the requests as sent, ``eviction.local_hits``), and M/L's per-turn hits in ``measure/multiturn.py``
+(``multiturn.predict_rounds`` over the tokens the server prefills).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
-
-class WorkloadSettings(Protocol):
-    """The settings a workload is made of (``config.Settings`` has them; config imports this module, so
-    this one names what it reads instead of importing config)."""
-
-    @property
-    def input_len(self) -> int: ...
-    @property
-    def prefix_len(self) -> int: ...
-    @property
-    def suffix_len(self) -> int: ...
-    @property
-    def rag_prefix_len(self) -> int: ...
-    @property
-    def output_len(self) -> int: ...
-    @property
-    def num_prompts(self) -> int: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def prefix_groups(self) -> int: ...
-    @property
-    def offload_groups(self) -> int: ...
-    @property
-    def offload_output_len(self) -> int: ...
-
-    @property
-    def multiturn_conversations(self) -> int: ...
-    @property
-    def multiturn_turns(self) -> int: ...
-    @property
-    def multiturn_prefix_len(self) -> int: ...
-    @property
-    def multiturn_user_len(self) -> int: ...
-    @property
-    def multiturn_reply_len(self) -> int: ...
-    @property
-    def multiturn_summary_len(self) -> int: ...
-
-    def scaled(self, tokens: int) -> int: ...
-
+from pytest_apc.config import DATA_PARALLEL, EXTERNAL_FLEET, ROUTER_POLICIES, Settings
 
 FAMILIES = ("overhead", "pure", "rag", "fleet", "offload", "multiturn")
 # The length settings each family's workload reads: (its shared prefix, None for none; its unique suffix).
@@ -126,14 +89,7 @@ SMALL_CACHE = "small-cache"
 OFFLOAD_TIER = "offload-tier"
 TIER_VARIANTS = (SMALL_CACHE, OFFLOAD_TIER)
 MULTITURN_CACHE = "multiturn-"
-# Routes of the fleet case: vllm-router's policies (one launched fleet serves them all), and two that are not.
-ROUTER_POLICIES = (
-    "round_robin", "random", "cache_aware", "consistent_hash", "power_of_two", "sticky_least_loaded", "kv_aware",
-)  # fmt: skip
-DATA_PARALLEL = "dp"  # one vLLM server with --data-parallel-size: its own balancer
-# A router or gateway run elsewhere (--apc-fleet-url): the default of its route label (--apc-route-label). Any
-# route that is neither a router policy nor DATA_PARALLEL is an external fleet's label.
-EXTERNAL_FLEET = "external"
+# The fleet case's routes (ROUTER_POLICIES, DATA_PARALLEL, EXTERNAL_FLEET) are config's: the settings choose them.
 
 
 @dataclass(frozen=True)
@@ -184,7 +140,7 @@ class Workload:
         return ceil_div(header_tokens + self.prompt_len + self.output_len, block_size)
 
 
-def workload_for(family: str, settings: WorkloadSettings) -> Workload:
+def workload_for(family: str, settings: Settings) -> Workload:
     """The family's workload under these settings (lengths scaled for the CPU profile)."""
     s = settings.scaled
     if family == "multiturn":
@@ -210,7 +166,7 @@ def workload_for(family: str, settings: WorkloadSettings) -> Workload:
     return Workload(family, prefix, suffix, s(settings.output_len), settings.num_prompts, settings.seed, groups)
 
 
-def longest_request_tokens(settings: WorkloadSettings) -> int:
+def longest_request_tokens(settings: Settings) -> int:
     """Prompt plus output tokens of the longest request any family sends (before the chat template)."""
     return max(w.prompt_len + w.output_len for w in (workload_for(f, settings) for f in FAMILIES))
 

@@ -78,20 +78,20 @@ class OffloadSizes:
     def warnings(self, tier: bool) -> list[str]:
         """A tier too small for the working set (``tier``: the server has one), or a GPU cache that holds it
         (then nothing is evicted and the case measures nothing)."""
-        found = []
+        warned: list[str] = []
         if tier and self.tokens_short:
-            found.append(
+            warned.append(
                 f"the CPU tier of {self.tier_gib:g} GiB holds {self.tier_tokens:,} tokens at "
                 f"{self.kv_bytes_per_token:,} KV bytes per token, {self.tokens_short:,} short of the working set of "
                 f"{self.working_set_tokens:,} (every prefix group and every request's own blocks): hits across "
                 "the tiers will fall short of the prediction"
             )
         if self.gpu_blocks * self.block_size >= self.working_set_tokens:
-            found.append(
+            warned.append(
                 f"the GPU cache of {self.gpu_blocks:,} blocks holds the whole working set of "
                 f"{self.working_set_tokens:,} tokens: nothing is evicted, so neither eviction nor the tier is measured"
             )
-        return found
+        return warned
 
 
 def kv_bytes_per_token(config: dict[str, Any], server_args: tuple[str, ...] = ()) -> int:
