@@ -25,7 +25,7 @@ import pytest
 
 from pytest_apc import config as apc_config
 from pytest_apc import redaction, report
-from pytest_apc.gate.baseline import Baseline, Refused
+from pytest_apc.gate.baseline import Baseline, Refused, read_baseline
 from pytest_apc.measure.records import MeasurementError, RunRecord
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.results import document as results
@@ -46,6 +46,8 @@ REPORTER = "apc-reporter"  # the controller's ControllerReporter, as registered
 # A file in the run's process registry: an xdist worker's selected tests may start a server on this node.
 NODE_LOCK_WANTED = "node-lock-wanted"
 BASELINE_KEY = pytest.StashKey[Baseline]()
+# A file in the run's process registry: a process refused the baseline (the run exits with the usage-error status).
+BASELINE_REFUSED = "baseline-refused"
 
 
 class ApcUnusedOptionWarning(pytest.PytestWarning):
@@ -102,9 +104,12 @@ def pytest_configure(config: pytest.Config) -> None:
     except apc_config.SettingError as err:
         raise pytest.UsageError(str(err)) from None
     config.stash[SETTINGS_KEY] = settings
-    if settings.enabled and settings.baseline:
+    if settings.baseline:
         try:  # before anything runs: a baseline the gate cannot use is known now, not after the matrix
-            config.stash[BASELINE_KEY] = Baseline.at_configure(settings)
+            if settings.enabled:
+                config.stash[BASELINE_KEY] = Baseline.at_configure(settings)
+            else:  # no profile, no gate: still, a file that cannot be read is a usage error, not silence
+                read_baseline(settings.baseline)
         except Refused as err:
             raise pytest.UsageError(str(err)) from None
     if not _is_worker(config):
@@ -155,7 +160,7 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
     session.publish = lambda: results.publish(session)
     baseline = config.stash.get(BASELINE_KEY, None)
     if baseline is not None:
-        session.refuse = lambda: baseline.refusal(session)
+        session.refuse = lambda: _noted_refusal(baseline.refusal(session))
     session.on_run = report.RunProgress(session, progress)
     return session
 
@@ -168,6 +173,13 @@ def pytest_configure_node(node: Any) -> None:
     apc = node.config.stash.get(SESSION_KEY, None)
     if apc is not None:
         node.workerinput["apc_run_dir"] = str(apc.run_dir)
+
+
+def _noted_refusal(refusal: str | None) -> str | None:
+    """A refusal of the baseline, left in the run's process registry for the controller's exit status."""
+    if refusal is not None:
+        (procs.registry_dir() / BASELINE_REFUSED).write_text(refusal)
+    return refusal
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -260,6 +272,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 if not _is_worker(config):
                     raise pytest.UsageError(str(err)) from None
                 session.refuse_runs(str(err))  # an xdist worker cannot stop the session: its runs fail with it
+                _noted_refusal(str(err))
         _hold_the_node(config, preflight.node_lock_needed(settings, session.plan.keys, undeclared))
 
 
@@ -412,6 +425,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     apc = session.config.stash.get(SESSION_KEY, None)
     if apc is not None:
         apc.close()  # the controller's reporter writes the final results once, after this
+    if session.exitstatus == pytest.ExitCode.TESTS_FAILED and _baseline_refused(session.config):
+        # The tests failed because the baseline could not judge them: no regression, a usage error.
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+
+def _baseline_refused(config: pytest.Config) -> bool:
+    """The controller's run refused its baseline: at collection (an xdist worker), once a server was up, or
+    in the gate at the end (without a regression)."""
+    if _is_worker(config) or BASELINE_KEY not in config.stash:
+        return False
+    reporter = config.pluginmanager.get_plugin(REPORTER)
+    if reporter is not None and reporter.gate.refused_to_judge:
+        return True
+    return (procs.registry_dir() / BASELINE_REFUSED).is_file()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
