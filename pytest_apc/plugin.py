@@ -48,6 +48,7 @@ NODE_LOCK_WANTED = "node-lock-wanted"
 BASELINE_KEY = pytest.StashKey[Baseline]()
 # A file in the run's process registry: a process refused the baseline (the run exits with the usage-error status).
 BASELINE_REFUSED = "baseline-refused"
+NO_PROFILE_SKIPS_KEY = pytest.StashKey[int]()  # selected APC tests skipped for want of a profile
 
 
 class ApcUnusedOptionWarning(pytest.PytestWarning):
@@ -182,11 +183,21 @@ def _noted_refusal(refusal: str | None) -> str | None:
     return refusal
 
 
+def given_settings(settings: apc_config.Settings) -> list[str]:
+    """The settings set on the command line, in the environment or in an ini file (not defaults)."""
+    return [name for name, source in settings.sources.items()
+            if source.startswith(("option ", "environment variable PYTEST_APC", "ini key "))]  # fmt: skip
+
+
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     settings = config.stash.get(SETTINGS_KEY, None)
     if settings is None:
         return None
     if not settings.enabled:
+        # A run that sets nothing of pytest-apc hears nothing of it here (the plugin loads in every pytest run
+        # of the environment); selected APC tests say why they skip in the summary.
+        if not given_settings(settings):
+            return None
         return ["apc: no profile (--gpu-node / --cpu-node): APC tests will be skipped"]
     return report.header_lines(settings, verbose=config.get_verbosity() > 0)
 
@@ -254,6 +265,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     skip = pytest.mark.skip(reason=SKIP_REASON)
     undeclared = 0  # selected tests that measure runs they do not declare
+    if session is None and selected:
+        config.stash[NO_PROFILE_SKIPS_KEY] = len(selected)
     for item in items:
         if not _measures(item):
             continue
@@ -439,6 +452,13 @@ def _baseline_refused(config: pytest.Config) -> bool:
     if reporter is not None and reporter.gate.refused_to_judge:
         return True
     return (procs.registry_dir() / BASELINE_REFUSED).is_file()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """One line when APC tests were selected and skipped for want of a profile."""
+    skipped = config.stash.get(NO_PROFILE_SKIPS_KEY, 0)
+    if skipped:
+        terminalreporter.write_line(f"apc: {skipped} APC tests skipped: no profile (--gpu-node / --cpu-node)")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

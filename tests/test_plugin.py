@@ -80,6 +80,22 @@ def test_without_profile_apc_tests_skip_naming_both_flags(pytester: pytest.Pytes
     result = pytester.runpytest("-rs")
     result.assert_outcomes(passed=1, skipped=2)
     result.stdout.fnmatch_lines(["*SKIPPED*--gpu-node*--cpu-node*"])
+    result.stdout.fnmatch_lines(["apc: 2 APC tests skipped: no profile (--gpu-node / --cpu-node)"])
+
+
+def test_an_unrelated_run_hears_nothing_of_the_plugin(pytester: pytest.Pytester) -> None:
+    """The plugin loads in every pytest run of its environment (an entry point): a run that selects no APC
+    test and sets nothing of pytest-apc sees no line of it, in the header, the summary or the warnings."""
+    pytester.makepyfile(test_unrelated="import warnings\n\ndef test_x():\n    warnings.warn('w')\n\n"
+                        "def test_y():\n    assert False\n")  # fmt: skip
+    for args in ([], ["-ra", "-v"]):
+        result = pytester.runpytest(*args)
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+        printed = [line for line in [*result.outlines, *result.errlines] if not line.startswith("plugins: ")]
+        assert not [line for line in printed if "apc" in line.lower()], printed
+    # Setting anything of pytest-apc without a profile still says why its tests would skip.
+    given = pytester.runpytest("--apc-num-prompts=5")
+    given.stdout.fnmatch_lines(["apc: no profile (--gpu-node / --cpu-node): APC tests will be skipped"])
 
 
 def test_a_pipeline_can_require_a_profile(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
