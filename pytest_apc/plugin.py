@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import atexit
+import shlex
 import signal
 import threading
 import warnings
@@ -46,9 +47,13 @@ REPORTER = "apc-reporter"  # the controller's ControllerReporter, as registered
 # A file in the run's process registry: an xdist worker's selected tests may start a server on this node.
 NODE_LOCK_WANTED = "node-lock-wanted"
 BASELINE_KEY = pytest.StashKey[Baseline]()
-# A file in the run's process registry: a process refused the baseline (the run exits with the usage-error status).
+# Files in the run's process registry: a process refused the baseline (the run exits with the usage-error
+# status); an xdist worker selected no APC test (the controller writes no results, and says why).
 BASELINE_REFUSED = "baseline-refused"
+NO_APC_TEST = "no-apc-test"
+NO_APC_TEST_KEY = pytest.StashKey[str]()  # why no APC test runs, on the controller
 NO_PROFILE_SKIPS_KEY = pytest.StashKey[int]()  # selected APC tests skipped for want of a profile
+SUITE = "tests_apc"  # the installed suite that pytest-apc runs
 
 
 class ApcUnusedOptionWarning(pytest.PytestWarning):
@@ -286,7 +291,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     raise pytest.UsageError(str(err)) from None
                 session.refuse_runs(str(err))  # an xdist worker cannot stop the session: its runs fail with it
                 _noted_refusal(str(err))
+        if not selected:
+            _no_apc_test(config)
         _hold_the_node(config, preflight.node_lock_needed(settings, session.plan.keys, undeclared))
+
+
+def _no_apc_test(config: pytest.Config) -> None:
+    """A profile is given but no APC test is selected: nothing will be measured, so the run writes no results
+    and says why in one line (pytest's own exit status stands: 5 when nothing else was collected). An xdist
+    worker leaves the line in the run's process registry for the controller."""
+    deselected = [item for item in config.stash.get(DESELECTED_KEY, []) if _measures(item)]
+    if deselected:
+        why = f"apc: no APC test selected ({len(deselected)} deselected): nothing measured, no results written"
+    else:
+        args = shlex.join(config.invocation_params.args)
+        if config.args_source == pytest.Config.ArgsSource.ARGS:  # paths were given: the suite is not among them
+            args = f"-m apc --{config.stash[SETTINGS_KEY].profile}-node"
+        why = (
+            f"apc: no test of the APC suite was collected here: nothing measured, no results written; run the "
+            f"installed suite with: pytest-apc {args}  (= pytest --pyargs {SUITE} {args})"
+        )
+    if _is_worker(config):
+        (procs.registry_dir() / NO_APC_TEST).write_text(why)
+    else:
+        _measures_nothing(config, why)
+
+
+def _measures_nothing(config: pytest.Config, why: str) -> None:
+    """The controller's run measures nothing: no gate, table or results files (the reporter goes), one line."""
+    if config.pluginmanager.has_plugin(REPORTER):
+        config.pluginmanager.unregister(name=REPORTER)
+    config.stash[NO_APC_TEST_KEY] = why
 
 
 def _hold_the_node(config: pytest.Config, why: str | None) -> None:
@@ -314,6 +349,9 @@ def pytest_xdist_node_collection_finished(node: Any, ids: Sequence[str]) -> None
     wanted = procs.registry_dir() / NODE_LOCK_WANTED
     if wanted.is_file():
         _hold_the_node(node.config, wanted.read_text())
+    nothing = procs.registry_dir() / NO_APC_TEST
+    if nothing.is_file() and NO_APC_TEST_KEY not in node.config.stash:
+        _measures_nothing(node.config, nothing.read_text())
 
 
 def pytest_deselected(items: Sequence[pytest.Item]) -> None:
@@ -455,10 +493,13 @@ def _baseline_refused(config: pytest.Config) -> bool:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """One line when APC tests were selected and skipped for want of a profile."""
+    """One line when this run measured nothing it could have: no APC test selected with a profile, or APC
+    tests skipped for want of one."""
     skipped = config.stash.get(NO_PROFILE_SKIPS_KEY, 0)
     if skipped:
         terminalreporter.write_line(f"apc: {skipped} APC tests skipped: no profile (--gpu-node / --cpu-node)")
+    if NO_APC_TEST_KEY in config.stash:
+        terminalreporter.write_line(config.stash[NO_APC_TEST_KEY])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

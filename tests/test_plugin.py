@@ -112,6 +112,37 @@ def test_a_pipeline_can_require_a_profile(pytester: pytest.Pytester, monkeypatch
     assert pytester.runpytest("-k", "plain").ret == pytest.ExitCode.OK
 
 
+def test_a_profile_in_a_folder_without_the_suite_names_the_command_that_runs_it(pytester: pytest.Pytester) -> None:
+    """``pytest -m apc --cpu-node`` from a folder without tests_apc (a wheel installed, no checkout) once
+    collected nothing, printed an empty table, wrote an empty results file and exited 5 without a hint."""
+    hint = ("apc: no test of the APC suite was collected here: nothing measured, no results written; run the "
+            "installed suite with: pytest-apc {args}  (= pytest --pyargs tests_apc {args})")  # fmt: skip
+    result = pytester.runpytest("-m", "apc", "--cpu-node")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    # pytester adds its --basetemp to the arguments, which the line repeats as given
+    result.stdout.fnmatch_lines([hint.format(args="-m apc --cpu-node --basetemp=*")])
+    assert "apc validation" not in result.stdout.str()
+    assert not (pytester.path / "apc-results").exists()
+    # Other tests run as ever, with the same line; a path given names the generic command.
+    pytester.makepyfile(test_other="def test_x():\n    pass\n")
+    result = pytester.runpytest("test_other.py", "--gpu-node", "--apc-model-shape=llama-3.1-8b")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines([hint.format(args="-m apc --gpu-node")])
+    # Under xdist the workers collect: the controller says the same, and writes nothing either.
+    result = pytester.runpytest_subprocess("-n", "2", "--cpu-node")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines([hint.format(args="--basetemp=* -n 2 --cpu-node")])
+    assert not (pytester.path / "apc-results").exists()
+
+
+def test_a_profile_whose_apc_tests_are_all_deselected_writes_no_results(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(SUITE.replace("pytestmark = pytest.mark.apc", ""))
+    result = pytester.runpytest("-m", "not apc", "--cpu-node")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["apc: no APC test selected (2 deselected): nothing measured, no results written"])
+    assert not (pytester.path / "apc-results").exists()
+
+
 def test_ids_read_like_the_matrix(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(SUITE)
     result = pytester.runpytest("--collect-only", "-q", "--apc-concurrency=4")
