@@ -587,3 +587,25 @@ def test_one_exit_status_table_for_every_command(
     except SystemExit as exit_:
         got = exit_.code
     assert got == status
+
+
+def test_the_readme_says_how_to_measure_a_baseline_as_the_refusal_does(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A default run (one cold repeat) is refused as a baseline: the refusal and the README name the same
+    option and number, the default of --apc-baseline-repeats; judging single repeats takes a default run."""
+    from pytest_apc.config import SPEC_BY_NAME
+
+    needed = SPEC_BY_NAME["baseline_repeats"].default
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert f"`pytest-apc -m apc --gpu-node --apc-repeats {needed}`" in readme
+    assert f"naming `--apc-repeats {needed}`" in readme
+    one = _doc(SAME[0])
+    for run in one["runs"]:  # a default run: its first repeat only
+        run["repeats"], run["repeat_counters"] = 1, run["repeat_counters"][:1]
+    old, new = _write(tmp_path, "default-run.json", one), _write(tmp_path, "new.json", one)
+    status, lines, _ = _cli(capsys, "compare", "--repeats", str(needed), str(old), str(new))
+    assert status == 4
+    assert any(line.endswith(f"(measure the baseline with --apc-repeats {needed})") for line in lines)
+    assert "`--apc-baseline-repeats 1`" in readme
+    assert _cli(capsys, "compare", "--repeats", "1", str(old), str(new))[0] == 0
