@@ -17,9 +17,11 @@ import argparse
 import os
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+import pytest
 
 from pytest_apc import __version__
 from pytest_apc.config import SPEC_BY_NAME, default_for
@@ -34,16 +36,32 @@ PROG = "python -m pytest_apc"
 SCRIPT = "pytest-apc"
 SUITE = "tests_apc"
 
-# Exit statuses: what a pipeline branches on.
-OK, GATE_FAILED, USAGE, BAD_INPUT = 0, 1, 2, 3
+# Exit statuses, one table for pytest and every command: pytest's own codes where they overlap.
+OK = int(pytest.ExitCode.OK)  # passed
+FAILED = int(pytest.ExitCode.TESTS_FAILED)  # a verdict or the gate failed
+USAGE = int(pytest.ExitCode.USAGE_ERROR)  # bad usage, or an input file or baseline the command cannot use
+NO_RUNS = int(pytest.ExitCode.NO_TESTS_COLLECTED)  # no tests selected; a results file without runs
 
-EXIT_STATUSES = """exit status:
-  0  done (compare: the gate passed; calibrate: the same-build check passed)
-  1  compare: the gate failed (not comparable, too few repeats, no overlapping run, or a regression);
-     calibrate: the rule failed same-build pairs more often than its false-alarm probability
-  2  usage error (calibrate: also files that cannot make a calibration)
-  3  a file that cannot be read or is not a valid pytest-apc results file: one line names the file, the
-     field and what is wrong with it; nothing else is printed"""
+EXIT_STATUSES = """exit status: pytest's codes, one table with pytest -m apc (docs/ci.md, "Exit codes")
+  0  passed: report: no row, verdict or gate of the file failed; compare: the gate passed;
+     calibrate: the same-build check passed
+  1  a verdict or the gate failed: report: a row says FAIL, a run was not measured or the file's gate
+     failed; compare: a run regressed; calibrate: the rule failed same-build pairs more often than its
+     false-alarm probability
+  4  bad usage, or an input the command cannot use: an unknown option or value; a file that cannot be
+     read or is not a valid pytest-apc results file (one line names the file, the field and what is
+     wrong; nothing else is printed); compare: a baseline the gate refuses (measured under other
+     conditions, too few cold repeats, no run in common, an unusable calibration); calibrate: files
+     that cannot make a calibration
+  5  no runs: report, compare: RESULTS has no measured run to show or judge"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with pytest's usage-error status (4) in place of argparse's 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(USAGE, f"{self.prog}: error: {message}\n")
 
 
 def _setting_option(name: str) -> Any:
@@ -64,7 +82,7 @@ def _wrapped(text: str) -> str:
 
 
 def parser(prog: str = PROG) -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = _Parser(
         prog=prog,
         description=_wrapped(
             "Re-read pytest-apc results files (results.json of any schema_version) without a server: print "
@@ -121,7 +139,7 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
         "unchanged build failed. K is --repeats, the repeats of a gated run, not how many the files have. "
         "--write BASELINE stores the noise in that results file (or, where there is none, in a copy of the first "
         "file), so that compare and --apc-baseline use this node's limits instead of the profile's default. "
-        "Refused (exit status 2, before anything is printed): files the gate would not compare with each other "
+        "Refused (exit status 4, before anything is printed): files the gate would not compare with each other "
         "(the first file is the reference for the others, --slower and --write), and files it cannot measure "
         "both spreads from (a run needs 2 or more cold repeats in each file, and to be in 2 or more files).",
     )
@@ -173,11 +191,28 @@ def _report(args: argparse.Namespace) -> int:
     view = ReportView.from_document(doc, str(args.results))
     if args.markdown:
         sys.stdout.write(markdown(view))
-        return OK
-    print(f"apc validation: schema_version {doc['schema_version']}, started {doc.get('started_at', '-')}")
-    for text, _markup in summary_lines(view, verbose=args.verbose):
-        print(text)
-    return OK
+    else:
+        print(f"apc validation: schema_version {doc['schema_version']}, started {doc.get('started_at', '-')}")
+        for text, _markup in summary_lines(view, verbose=args.verbose):
+            print(text)
+    return _report_status(doc, view)
+
+
+def _report_status(doc: Mapping[str, Any], view: ReportView) -> int:
+    """What the file's rows say, as an exit status: FAILED when a row says FAIL, a verdict failed, a run
+    was not measured or the gate failed; NO_RUNS for a file without runs."""
+    rows = [
+        *(row.verdict for row in view.pairs), *(row.verdict for row in view.algos),
+        *(row.verdict for row in view.fleet), *(row.verdict for row in view.offload),
+    ]  # fmt: skip
+    if (
+        "FAIL" in rows
+        or any(not verdict.get("passed", True) for verdict in view.verdicts)
+        or view.errors
+        or view.gate.get("failures")
+    ):
+        return FAILED
+    return OK if doc.get("runs") else NO_RUNS
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -192,7 +227,9 @@ def _compare(args: argparse.Namespace) -> int:
     for line in gate.warnings:
         print(f"WARNING {line}")
     print("baseline gate: FAILED" if gate.failures else "baseline gate: passed")
-    return GATE_FAILED if gate.failures else OK
+    if gate.refused_to_judge:
+        return USAGE
+    return (NO_RUNS if gate.nothing_measured else FAILED) if gate.failures else OK
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -215,20 +252,21 @@ def _calibrate(args: argparse.Namespace) -> int:
         into = f"into {args.write}" if target else f"into a new baseline {args.write} (a copy of {first.name})"
         print(f"wrote the noise of {len(docs)} results files {into}: compare and --apc-baseline with it use these "
               "limits")  # fmt: skip
-    return GATE_FAILED if found.failed else OK
+    return FAILED if found.failed else OK
 
 
 COMMANDS = {"report": _report, "compare": _compare, "calibrate": _calibrate}
 
 
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
-    """Run one command; return its exit status (argparse exits 2 itself on a usage error, 0 on --version)."""
+    """Run one command; return its exit status (:data:`EXIT_STATUSES`; the parser exits 4 itself on a usage
+    error, 0 on --version)."""
     args = parser(prog).parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except BadResults as err:
         print(f"{args.prog} {args.command}: {err}", file=sys.stderr)
-        return BAD_INPUT
+        return USAGE
 
 
 SCRIPT_HELP = f"""usage: {SCRIPT} [PYTEST ARGS]

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import atexit
+import shlex
 import signal
 import threading
 import warnings
@@ -25,7 +26,7 @@ import pytest
 
 from pytest_apc import config as apc_config
 from pytest_apc import redaction, report
-from pytest_apc.gate.baseline import Baseline, Refused
+from pytest_apc.gate.baseline import Baseline, Refused, read_baseline
 from pytest_apc.measure.records import MeasurementError, RunRecord
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.results import document as results
@@ -46,6 +47,13 @@ REPORTER = "apc-reporter"  # the controller's ControllerReporter, as registered
 # A file in the run's process registry: an xdist worker's selected tests may start a server on this node.
 NODE_LOCK_WANTED = "node-lock-wanted"
 BASELINE_KEY = pytest.StashKey[Baseline]()
+# Files in the run's process registry: a process refused the baseline (the run exits with the usage-error
+# status); an xdist worker selected no APC test (the controller writes no results, and says why).
+BASELINE_REFUSED = "baseline-refused"
+NO_APC_TEST = "no-apc-test"
+NO_APC_TEST_KEY = pytest.StashKey[str]()  # why no APC test runs, on the controller
+NO_PROFILE_SKIPS_KEY = pytest.StashKey[int]()  # selected APC tests skipped for want of a profile
+SUITE = "tests_apc"  # the installed suite that pytest-apc runs
 
 
 class ApcUnusedOptionWarning(pytest.PytestWarning):
@@ -103,9 +111,12 @@ def pytest_configure(config: pytest.Config) -> None:
     except apc_config.SettingError as err:
         raise pytest.UsageError(str(err)) from None
     config.stash[SETTINGS_KEY] = settings
-    if settings.enabled and settings.baseline:
+    if settings.baseline:
         try:  # before anything runs: a baseline the gate cannot use is known now, not after the matrix
-            config.stash[BASELINE_KEY] = Baseline.at_configure(settings)
+            if settings.enabled:
+                config.stash[BASELINE_KEY] = Baseline.at_configure(settings)
+            else:  # no profile, no gate: still, a file that cannot be read is a usage error, not silence
+                read_baseline(settings.baseline)
         except Refused as err:
             raise pytest.UsageError(str(err)) from None
     if not _is_worker(config):
@@ -156,7 +167,7 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
     session.publish = lambda: results.publish(session)
     baseline = config.stash.get(BASELINE_KEY, None)
     if baseline is not None:
-        session.refuse = lambda: baseline.refusal(session)
+        session.refuse = lambda: _noted_refusal(baseline.refusal(session))
     session.on_run = report.RunProgress(session, progress)
     return session
 
@@ -171,11 +182,28 @@ def pytest_configure_node(node: Any) -> None:
         node.workerinput["apc_run_dir"] = str(apc.run_dir)
 
 
+def _noted_refusal(refusal: str | None) -> str | None:
+    """A refusal of the baseline, left in the run's process registry for the controller's exit status."""
+    if refusal is not None:
+        (procs.registry_dir() / BASELINE_REFUSED).write_text(refusal)
+    return refusal
+
+
+def given_settings(settings: apc_config.Settings) -> list[str]:
+    """The settings set on the command line, in the environment or in an ini file (not defaults)."""
+    return [name for name, source in settings.sources.items()
+            if source.startswith(("option ", "environment variable PYTEST_APC", "ini key "))]  # fmt: skip
+
+
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     settings = config.stash.get(SETTINGS_KEY, None)
     if settings is None:
         return None
     if not settings.enabled:
+        # A run that sets nothing of pytest-apc hears nothing of it here (the plugin loads in every pytest run
+        # of the environment); selected APC tests say why they skip in the summary.
+        if not given_settings(settings):
+            return None
         return ["apc: no profile (--gpu-node / --cpu-node): APC tests will be skipped"]
     return report.header_lines(settings, verbose=config.get_verbosity() > 0)
 
@@ -243,6 +271,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     skip = pytest.mark.skip(reason=SKIP_REASON)
     undeclared = 0  # selected tests that measure runs they do not declare
+    if session is None and selected:
+        config.stash[NO_PROFILE_SKIPS_KEY] = len(selected)
     for item in items:
         if not _measures(item):
             continue
@@ -261,7 +291,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 if not _is_worker(config):
                     raise pytest.UsageError(str(err)) from None
                 session.refuse_runs(str(err))  # an xdist worker cannot stop the session: its runs fail with it
+                _noted_refusal(str(err))
+        if not selected:
+            _no_apc_test(config)
         _hold_the_node(config, preflight.node_lock_needed(settings, session.plan.keys, undeclared))
+
+
+def _no_apc_test(config: pytest.Config) -> None:
+    """A profile is given but no APC test is selected: nothing will be measured, so the run writes no results
+    and says why in one line (pytest's own exit status stands: 5 when nothing else was collected). An xdist
+    worker leaves the line in the run's process registry for the controller."""
+    deselected = [item for item in config.stash.get(DESELECTED_KEY, []) if _measures(item)]
+    if deselected:
+        why = f"apc: no APC test selected ({len(deselected)} deselected): nothing measured, no results written"
+    else:
+        args = shlex.join(config.invocation_params.args)
+        if config.args_source == pytest.Config.ArgsSource.ARGS:  # paths were given: the suite is not among them
+            args = f"-m apc --{config.stash[SETTINGS_KEY].profile}-node"
+        why = (
+            f"apc: no test of the APC suite was collected here: nothing measured, no results written; run the "
+            f"installed suite with: pytest-apc {args}  (= pytest --pyargs {SUITE} {args})"
+        )
+    if _is_worker(config):
+        (procs.registry_dir() / NO_APC_TEST).write_text(why)
+    else:
+        _measures_nothing(config, why)
+
+
+def _measures_nothing(config: pytest.Config, why: str) -> None:
+    """The controller's run measures nothing: no gate, table or results files (the reporter goes), one line."""
+    if config.pluginmanager.has_plugin(REPORTER):
+        config.pluginmanager.unregister(name=REPORTER)
+    config.stash[NO_APC_TEST_KEY] = why
 
 
 def _hold_the_node(config: pytest.Config, why: str | None) -> None:
@@ -289,6 +350,9 @@ def pytest_xdist_node_collection_finished(node: Any, ids: Sequence[str]) -> None
     wanted = procs.registry_dir() / NODE_LOCK_WANTED
     if wanted.is_file():
         _hold_the_node(node.config, wanted.read_text())
+    nothing = procs.registry_dir() / NO_APC_TEST
+    if nothing.is_file() and NO_APC_TEST_KEY not in node.config.stash:
+        _measures_nothing(node.config, nothing.read_text())
 
 
 def pytest_deselected(items: Sequence[pytest.Item]) -> None:
@@ -413,6 +477,30 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     apc = session.config.stash.get(SESSION_KEY, None)
     if apc is not None:
         apc.close()  # the controller's reporter writes the final results once, after this
+    if session.exitstatus == pytest.ExitCode.TESTS_FAILED and _baseline_refused(session.config):
+        # The tests failed because the baseline could not judge them: no regression, a usage error.
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+
+def _baseline_refused(config: pytest.Config) -> bool:
+    """The controller's run refused its baseline: at collection (an xdist worker), once a server was up, or
+    in the gate at the end (without a regression)."""
+    if _is_worker(config) or BASELINE_KEY not in config.stash:
+        return False
+    reporter = config.pluginmanager.get_plugin(REPORTER)
+    if reporter is not None and reporter.gate.refused_to_judge:
+        return True
+    return (procs.registry_dir() / BASELINE_REFUSED).is_file()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """One line when this run measured nothing it could have: no APC test selected with a profile, or APC
+    tests skipped for want of one."""
+    skipped = config.stash.get(NO_PROFILE_SKIPS_KEY, 0)
+    if skipped:
+        terminalreporter.write_line(f"apc: {skipped} APC tests skipped: no profile (--gpu-node / --cpu-node)")
+    if NO_APC_TEST_KEY in config.stash:
+        terminalreporter.write_line(config.stash[NO_APC_TEST_KEY])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -189,7 +189,7 @@ def test_compare_a_slowed_run_fails_naming_the_run(capsys: pytest.CaptureFixture
 
 def test_compare_refuses_a_baseline_with_fewer_repeats_than_asked(capsys: pytest.CaptureFixture[str]) -> None:
     status, lines, _ = _cli(capsys, "compare", "--repeats", "6", str(SAME[0]), str(SAME[1]))
-    assert status == 1
+    assert status == 4
     assert (
         f"FAIL baseline: baseline {SAME[0]} has 5 cold repeats of C-c8; the gate needs 6 or more (measure the "
         "baseline with --apc-repeats 6)"
@@ -200,7 +200,7 @@ def test_compare_refuses_a_baseline_of_another_workload(capsys: pytest.CaptureFi
     other = _doc(SAME[0])
     other["settings"]["num_prompts"] = 10
     status, lines, _ = _cli(capsys, "compare", str(_write(tmp_path, "b.json", other)), str(SAME[1]))
-    assert status == 1
+    assert status == 4
     assert (
         f"FAIL baseline: not comparable with baseline {tmp_path / 'b.json'}: num_prompts 30 here vs 10 there" in lines
     )
@@ -245,7 +245,7 @@ def test_calibrate_writes_the_noise_into_a_baseline_that_compare_then_uses(
 
 def test_calibrate_needs_two_files_of_the_same_run(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = _cli(capsys, "calibrate", str(SAME[0]))
-    assert status == 2
+    assert status == 4
     assert err.startswith(
         "python -m pytest_apc calibrate: calibrate needs at least two results files that measured the same run"
     )
@@ -260,7 +260,7 @@ def test_calibrate_refuses_files_the_gate_would_not_compare(capsys: pytest.Captu
     which --write stored and compare then used to pass a +27.9% regression."""
     copy = tmp_path / "copy.json"
     status, lines, err = _cli(capsys, "calibrate", str(CPU), str(SAME[0]), "--write", str(copy))
-    assert (status, lines) == (2, [])
+    assert (status, lines) == (4, [])
     assert err.splitlines() == [
         f"python -m pytest_apc calibrate: {SAME[0]} is not comparable with {CPU} (the gate's rule): profile gpu here "
         "vs cpu there; model llama-3.1-8b-shape-v1-e18e6ae6be32 vs tiny-llama-v2-25e64708e12f; length_scale 1.0 vs "
@@ -269,11 +269,11 @@ def test_calibrate_refuses_files_the_gate_would_not_compare(capsys: pytest.Captu
     ]
     assert not copy.exists()
     status, _, err = _cli(capsys, "calibrate", *map(str, SAME), "--slower", str(CPU))
-    assert status == 2
+    assert status == 4
     assert f"{CPU} is not comparable with {SAME[0]} (the gate's rule): profile cpu here vs gpu there" in err
     cpu_baseline = _write(tmp_path, "cpu-baseline.json", _doc(CPU))
     status, _, err = _cli(capsys, "calibrate", *map(str, SAME), "--write", str(cpu_baseline))
-    assert status == 2
+    assert status == 4
     assert f"{cpu_baseline} is not comparable with {SAME[0]}" in err
     assert _doc(cpu_baseline) == _doc(CPU)  # not written
 
@@ -282,7 +282,7 @@ def test_calibrate_refuses_files_it_cannot_measure_a_spread_from(capsys: pytest.
     """Two files of one repeat each once printed "0 degrees of freedom", exited 0 and, with --write, stored
     a calibration whose noise was null (which the gate then ignored for the profile's default)."""
     status, lines, err = _cli(capsys, "calibrate", str(H200), str(RECHECK))
-    assert (status, lines) == (2, [])
+    assert (status, lines) == (4, [])
     assert err.splitlines() == [
         "python -m pytest_apc calibrate: calibrate cannot measure the noise of these files: it measured no spread "
         "between the cold repeats of A-c8 (0 degrees of freedom); it needs 2 or more cold repeats of each run in each "
@@ -319,7 +319,7 @@ def test_the_gate_refuses_a_stored_calibration_without_noise(
                                             "between_var": None, "between_df": 0}}}  # fmt: skip
     baseline = _write(tmp_path, "null-noise.json", doc)
     status, lines, _ = _cli(capsys, "compare", str(baseline), str(SAME[1]))
-    assert status == 1
+    assert status == 4
     assert lines[1:-1] == [
         f"FAIL baseline: baseline {baseline} holds a calibration the gate cannot use: it measured no spread between "
         "the cold repeats of D-c8 (0 degrees of freedom) (calibrate it again: python -m pytest_apc calibrate "
@@ -327,14 +327,14 @@ def test_the_gate_refuses_a_stored_calibration_without_noise(
     ]
     doc["calibration"]["rows"]["D-c8"].update(within=0.0, within_df=8)  # identical repeats: a limit of +0%
     status, lines, _ = _cli(capsys, "compare", str(_write(tmp_path, "zero.json", doc)), str(SAME[1]))
-    assert status == 1
+    assert status == 4
     assert "its spread between the cold repeats of D-c8 is 0.0" in lines[1]
 
 
 def test_compare_counts_the_runs_it_refused_to_judge(capsys: pytest.CaptureFixture[str]) -> None:
     """The summary once said "4 runs compared, 0 regressed", every row ok, above four FAIL lines."""
     status, lines, _ = _cli(capsys, "compare", str(H200), str(RECHECK))
-    assert status == 1
+    assert status == 4
     assert lines[1] == f"baseline {H200}: 4 runs compared, 0 regressed, 4 refused (baseline -> now (limit))"
     assert [line.split()[-1] for line in lines[4:8]] == ["refused"] * 4
     assert len([line for line in lines if line.startswith("FAIL baseline: ")]) == 4
@@ -344,7 +344,7 @@ def test_compare_across_schema_versions(capsys: pytest.CaptureFixture[str], tmp_
     """A schema_version 1 baseline has one repeat per run: read, and refused for too few repeats (a rule of
     3 repeats), after the differences of profile and workload that refuse it first."""
     status, lines, _ = _cli(capsys, "compare", str(H200), str(SAME[0]))
-    assert status == 1
+    assert status == 4
     assert any(line.startswith(f"FAIL baseline: not comparable with baseline {H200}: ") for line in lines)
     same_shape = _doc(SAME[0])
     same_shape["settings"] = _doc(H200)["settings"]
@@ -353,10 +353,10 @@ def test_compare_across_schema_versions(capsys: pytest.CaptureFixture[str], tmp_
         "baseline with --apc-repeats 3)" in lines  # fmt: skip
 
 
-def test_a_missing_file_is_one_line_and_exit_3(tmp_path: Path) -> None:
+def test_a_missing_file_is_one_line_and_exit_4(tmp_path: Path) -> None:
     missing = tmp_path / "nope.json"
     result = _run("compare", str(H200), str(missing))
-    assert result.returncode == 3
+    assert result.returncode == 4
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         f"python -m pytest_apc compare: cannot read results file {missing}: "
@@ -373,22 +373,22 @@ def test_a_missing_file_is_one_line_and_exit_3(tmp_path: Path) -> None:
         ("{", "cannot read results file"),
     ],
 )
-def test_a_file_that_is_not_a_results_file_exits_3(
+def test_a_file_that_is_not_a_results_file_exits_4(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, message: str
 ) -> None:
     path = tmp_path / "r.json"
     path.write_text(content)
     status, lines, err = _cli(capsys, "report", str(path))
-    assert (status, lines) == (3, [])
+    assert (status, lines) == (4, [])
     assert len(err.splitlines()) == 1
     assert message in err
 
 
-def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_usage_errors_exit_4(capsys: pytest.CaptureFixture[str]) -> None:
     for args in ([], ["compare", str(H200)], ["compare", "--false-alarm", "2", str(H200), str(H200)], ["calibrate"]):
         with pytest.raises(SystemExit) as exit_:
             main(args)
-        assert exit_.value.code == 2
+        assert exit_.value.code == 4
     assert "argument --false-alarm: must be in (0, 1]" in capsys.readouterr().err
 
 
@@ -410,7 +410,7 @@ DAMAGED = [
 
 @pytest.mark.parametrize(("damage", "message"), DAMAGED)
 @pytest.mark.parametrize("command", ["report", "compare", "calibrate"])
-def test_a_damaged_results_file_is_one_line_naming_the_field_and_exit_3(
+def test_a_damaged_results_file_is_one_line_naming_the_field_and_exit_4(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, damage: Any, message: str, command: str
 ) -> None:
     """Each of these once gave a traceback and exit status 1, the status of a failed gate."""
@@ -420,7 +420,7 @@ def test_a_damaged_results_file_is_one_line_naming_the_field_and_exit_3(
     args = {"report": [str(path)], "compare": [str(path), str(SAME[1])], "calibrate": [str(SAME[1]), str(path)]}
     status, lines, err = _cli(capsys, command, *args[command])
     role = "baseline" if command == "compare" else "results file"
-    assert (status, lines) == (3, [])
+    assert (status, lines) == (4, [])
     assert err.splitlines() == [
         f"python -m pytest_apc {command}: {role} {path} is not a valid results file of schema_version 4: {message}"
     ]
@@ -429,7 +429,7 @@ def test_a_damaged_results_file_is_one_line_naming_the_field_and_exit_3(
 def test_help_documents_the_commands_and_exit_statuses() -> None:
     result = _run("--help")
     assert result.returncode == 0
-    for text in ("report", "compare", "calibrate", "exit status:", "1  compare: the gate failed"):
+    for text in ("report", "compare", "calibrate", "exit status:", "1  a verdict or the gate failed", "4  bad usage"):
         assert text in result.stdout
 
 
@@ -462,10 +462,10 @@ def test_the_console_script_runs_the_commands_under_its_own_name(tmp_path: Path)
     assert script.stdout == module.stdout
     missing = tmp_path / "nope.json"
     failed = _console("compare", str(H200), str(missing))
-    assert failed.returncode == 3
+    assert failed.returncode == 4
     assert failed.stderr.startswith(f"pytest-apc compare: cannot read results file {missing}: ")
     usage = _console("calibrate")
-    assert usage.returncode == 2
+    assert usage.returncode == 4
     assert "usage: pytest-apc calibrate" in usage.stderr
 
 
@@ -501,3 +501,111 @@ def test_the_console_scripts_help_names_its_forms_then_pytests() -> None:
     assert result.stdout.startswith("usage: pytest-apc [PYTEST ARGS]\n")
     assert "pytest-apc {report,compare,calibrate} ..." in result.stdout
     assert "--apc-baseline=PATH" in result.stdout  # pytest's help, with the plugin's options
+
+
+def _no_runs(folder: Path) -> str:
+    doc = _doc(SAME[0])
+    doc.update(runs=[], pairs=[])
+    return str(_write(folder, "empty.json", doc))
+
+
+def _failed_row(folder: Path) -> str:
+    doc = _doc(SAME[0])
+    doc["pairs"][0]["verdict"] = "FAIL"
+    return str(_write(folder, "failed.json", doc))
+
+
+def _other_workload(folder: Path) -> str:
+    doc = _doc(SAME[0])
+    doc["settings"]["num_prompts"] = 10
+    return str(_write(folder, "other.json", doc))
+
+
+FAILED_VERDICT = """
+from pytest_apc.verdicts.verdict import Verdict
+
+def test_verdict(apc_assert):
+    apc_assert(Verdict("cached_tokens_match", ["D-c8"], False, "cached 0 of 100 predicted"))
+"""
+PASSING = "def test_plain():\n    pass\n"
+APC_TEST = "import pytest\n\n@pytest.mark.apc_cases('CD')\ndef test_measured(apc_run):\n    pass\n"
+
+
+def _cpu_baseline(folder: Path) -> str:
+    from tests.test_plugin import cpu_baseline
+
+    return str(cpu_baseline(folder))
+
+
+# (command, what, test file for pytest, arguments (from the folder), exit status): the table of docs/ci.md.
+EXIT_TABLE: list[tuple[str, str, str, Any, int]] = [
+    ("pytest", "passed", PASSING, lambda f: ["--cpu-node", "-p", "no:cacheprovider"], 0),
+    ("pytest", "a verdict failed", FAILED_VERDICT, lambda f: ["--cpu-node"], 1),
+    ("pytest", "bad usage", PASSING, lambda f: ["--apc-num-prompts=-3"], 4),
+    ("pytest", "no baseline file, no profile", PASSING, lambda f: [f"--apc-baseline={f / 'missing.json'}", "--co"], 4),
+    ("pytest", "baseline of too few repeats", APC_TEST,
+     lambda f: ["--cpu-node", f"--apc-baseline={_cpu_baseline(f)}", "--apc-baseline-repeats=6"], 4),
+    ("pytest", "no APC test here", "", lambda f: ["-m", "apc", "--cpu-node"], 5),
+    ("report", "passed", "", lambda f: [str(SAME[0])], 0),
+    ("report", "a row says FAIL", "", lambda f: [_failed_row(f)], 1),
+    ("report", "bad usage", "", lambda f: [], 4),
+    ("report", "missing file", "", lambda f: [str(f / "missing.json")], 4),
+    ("report", "no runs", "", lambda f: [_no_runs(f)], 5),
+    ("compare", "passed", "", lambda f: [str(SAME[0]), str(SAME[1])], 0),
+    ("compare", "a run regressed", "", lambda f: [str(SAME[0]), str(SLOWER[200])], 1),
+    ("compare", "bad usage", "", lambda f: ["--false-alarm", "2", str(SAME[0]), str(SAME[1])], 4),
+    ("compare", "missing file", "", lambda f: [str(SAME[0]), str(f / "missing.json")], 4),
+    ("compare", "baseline of too few repeats", "", lambda f: ["--repeats", "6", str(SAME[0]), str(SAME[1])], 4),
+    ("compare", "baseline of another workload", "", lambda f: [_other_workload(f), str(SAME[1])], 4),
+    ("compare", "no runs", "", lambda f: [str(SAME[0]), _no_runs(f)], 5),
+    ("calibrate", "passed", "", lambda f: [*map(str, SAME)], 0),
+    ("calibrate", "the rule failed same-build pairs", "", lambda f: [*map(str, SAME)], 1),
+    ("calibrate", "bad usage", "", lambda f: [], 4),
+    ("calibrate", "missing file", "", lambda f: [str(SAME[0]), str(f / "missing.json")], 4),
+    ("calibrate", "one file", "", lambda f: [str(SAME[0])], 4),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "what", "test_file", "args", "status"), EXIT_TABLE, ids=[f"{row[0]}: {row[1]}" for row in EXIT_TABLE]
+)
+def test_one_exit_status_table_for_every_command(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, command: str, what: str, test_file: str,
+    args: Any, status: int,
+) -> None:  # fmt: skip
+    """0 passed, 1 a verdict or the gate failed, 4 bad usage or an input (file, baseline) that cannot be used,
+    5 no tests or no runs: pytest's codes, for pytest and each command alike."""
+    if what == "the rule failed same-build pairs":  # the rule itself is checked in test_gate; here, its status
+        monkeypatch.setattr("pytest_apc.gate.noise.fails", lambda *a: True)
+    if command == "pytest":
+        if test_file:
+            pytester.makepyfile(test_file)
+        assert pytester.runpytest(*args(pytester.path)).ret == status
+        return
+    try:
+        got = main([command, *args(pytester.path)])
+    except SystemExit as exit_:
+        got = exit_.code
+    assert got == status
+
+
+def test_the_readme_says_how_to_measure_a_baseline_as_the_refusal_does(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A default run (one cold repeat) is refused as a baseline: the refusal and the README name the same
+    option and number, the default of --apc-baseline-repeats; judging single repeats takes a default run."""
+    from pytest_apc.config import SPEC_BY_NAME
+
+    needed = SPEC_BY_NAME["baseline_repeats"].default
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert f"`pytest-apc -m apc --gpu-node --apc-repeats {needed}`" in readme
+    assert f"naming `--apc-repeats {needed}`" in readme
+    one = _doc(SAME[0])
+    for run in one["runs"]:  # a default run: its first repeat only
+        run["repeats"], run["repeat_counters"] = 1, run["repeat_counters"][:1]
+    old, new = _write(tmp_path, "default-run.json", one), _write(tmp_path, "new.json", one)
+    status, lines, _ = _cli(capsys, "compare", "--repeats", str(needed), str(old), str(new))
+    assert status == 4
+    assert any(line.endswith(f"(measure the baseline with --apc-repeats {needed})") for line in lines)
+    assert "`--apc-baseline-repeats 1`" in readme
+    assert _cli(capsys, "compare", "--repeats", "1", str(old), str(new))[0] == 0

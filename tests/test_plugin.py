@@ -80,6 +80,22 @@ def test_without_profile_apc_tests_skip_naming_both_flags(pytester: pytest.Pytes
     result = pytester.runpytest("-rs")
     result.assert_outcomes(passed=1, skipped=2)
     result.stdout.fnmatch_lines(["*SKIPPED*--gpu-node*--cpu-node*"])
+    result.stdout.fnmatch_lines(["apc: 2 APC tests skipped: no profile (--gpu-node / --cpu-node)"])
+
+
+def test_an_unrelated_run_hears_nothing_of_the_plugin(pytester: pytest.Pytester) -> None:
+    """The plugin loads in every pytest run of its environment (an entry point): a run that selects no APC
+    test and sets nothing of pytest-apc sees no line of it, in the header, the summary or the warnings."""
+    pytester.makepyfile(test_unrelated="import warnings\n\ndef test_x():\n    warnings.warn('w')\n\n"
+                        "def test_y():\n    assert False\n")  # fmt: skip
+    for args in ([], ["-ra", "-v"]):
+        result = pytester.runpytest(*args)
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+        printed = [line for line in [*result.outlines, *result.errlines] if not line.startswith("plugins: ")]
+        assert not [line for line in printed if "apc" in line.lower()], printed
+    # Setting anything of pytest-apc without a profile still says why its tests would skip.
+    given = pytester.runpytest("--apc-num-prompts=5")
+    given.stdout.fnmatch_lines(["apc: no profile (--gpu-node / --cpu-node): APC tests will be skipped"])
 
 
 def test_a_pipeline_can_require_a_profile(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,6 +110,37 @@ def test_a_pipeline_can_require_a_profile(pytester: pytest.Pytester, monkeypatch
          "variable PYTEST_APC_WITHOUT_PROFILE)*--gpu-node*"]
     )  # fmt: skip
     assert pytester.runpytest("-k", "plain").ret == pytest.ExitCode.OK
+
+
+def test_a_profile_in_a_folder_without_the_suite_names_the_command_that_runs_it(pytester: pytest.Pytester) -> None:
+    """``pytest -m apc --cpu-node`` from a folder without tests_apc (a wheel installed, no checkout) once
+    collected nothing, printed an empty table, wrote an empty results file and exited 5 without a hint."""
+    hint = ("apc: no test of the APC suite was collected here: nothing measured, no results written; run the "
+            "installed suite with: pytest-apc {args}  (= pytest --pyargs tests_apc {args})")  # fmt: skip
+    result = pytester.runpytest("-m", "apc", "--cpu-node")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    # pytester adds its --basetemp to the arguments, which the line repeats as given
+    result.stdout.fnmatch_lines([hint.format(args="-m apc --cpu-node --basetemp=*")])
+    assert "apc validation" not in result.stdout.str()
+    assert not (pytester.path / "apc-results").exists()
+    # Other tests run as ever, with the same line; a path given names the generic command.
+    pytester.makepyfile(test_other="def test_x():\n    pass\n")
+    result = pytester.runpytest("test_other.py", "--gpu-node", "--apc-model-shape=llama-3.1-8b")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines([hint.format(args="-m apc --gpu-node")])
+    # Under xdist the workers collect: the controller says the same, and writes nothing either.
+    result = pytester.runpytest_subprocess("-n", "2", "--cpu-node")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines([hint.format(args="--basetemp=* -n 2 --cpu-node")])
+    assert not (pytester.path / "apc-results").exists()
+
+
+def test_a_profile_whose_apc_tests_are_all_deselected_writes_no_results(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(SUITE.replace("pytestmark = pytest.mark.apc", ""))
+    result = pytester.runpytest("-m", "not apc", "--cpu-node")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["apc: no APC test selected (2 deselected): nothing measured, no results written"])
+    assert not (pytester.path / "apc-results").exists()
 
 
 def test_ids_read_like_the_matrix(pytester: pytest.Pytester) -> None:
@@ -449,7 +496,7 @@ def test_under_xdist_a_baseline_without_enough_repeats_fails_every_run_before_a_
     b = cpu_baseline(apc_suite.path)
     result = apc_suite.runpytest_subprocess("-n", "2", "-m", "pure", "--cpu-node", f"--apc-baseline={b}",
                                             "--apc-baseline-repeats=6", "--apc-results-dir=res")  # fmt: skip
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # as without xdist: the baseline, not the build, failed
     refusal = f"baseline {b} has 5 cold repeats of C-c8, D-c8; the gate needs 6 or more"
     result.stdout.fnmatch_lines([f"NOT MEASURED C-c8: run C-c8 was not measured: {refusal}*",
                                  f"NOT MEASURED D-c8: run D-c8 was not measured: {refusal}*"])  # fmt: skip

@@ -46,10 +46,7 @@ class Baseline:
     def at_configure(cls, settings: Settings) -> Baseline:
         """``settings.baseline`` read, checked (:class:`Refused` otherwise) and comparable with what this run
         will measure, as far as that is known before a server starts."""
-        try:
-            results = read(Path(settings.baseline), "baseline")
-        except BadResults as err:
-            raise Refused(str(err)) from None
+        results = read_baseline(settings.baseline)
         model = planned_model(settings)
         here: dict[str, Any] = {"profile": settings.profile, "model": model or "", "settings": settings.as_dict(),
                                 "servers": []}  # fmt: skip
@@ -92,6 +89,14 @@ class Baseline:
         )
         found = compare.differences(here, self.results.data)
         return compare.not_comparable(self.path, found) if found else None
+
+
+def read_baseline(path: str) -> Results:
+    """The baseline file read and validated; :class:`Refused` when it cannot be read or is no results file."""
+    try:
+        return read(Path(path), "baseline")
+    except BadResults as err:
+        raise Refused(str(err)) from None
 
 
 def planned_model(settings: Settings) -> str | None:

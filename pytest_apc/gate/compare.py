@@ -64,6 +64,7 @@ class Gate:
     changes: list[dict[str, Any]] = field(default_factory=list)  # versions that differ: compared, and named
     rule: dict[str, Any] = field(default_factory=dict)  # what the gate applied (the statistic, K, alpha)
     warnings: list[str] = field(default_factory=list)  # runs of this run the baseline lacks (not in to_json)
+    nothing_measured: bool = False  # this run has no run the gate judges: its failure is no refusal (not in to_json)
 
     @property
     def compared(self) -> int:
@@ -77,6 +78,12 @@ class Gate:
     def refused(self) -> int:
         """Compared runs whose TTFT the gate refused to judge (too few repeats on a side): each a failure."""
         return sum(1 for row in self.rows if row["result"] == REFUSED)
+
+    @property
+    def refused_to_judge(self) -> bool:
+        """Failed without a regression while this run has runs to judge: the baseline cannot judge them (other
+        conditions, too few repeats, no run in common, an unusable calibration, no runs of its own)."""
+        return bool(self.failures) and not self.regressed and not self.nothing_measured
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -401,6 +408,7 @@ def compare_documents(old: Document, new: Document, baseline: str, false_alarm: 
         gate.failures.append(f"baseline {baseline} has no measured runs to compare with{why}")
         return gate
     if not new_runs:
+        gate.nothing_measured = True
         gate.failures.append(f"nothing was measured to compare with baseline {baseline}{_not_gated(new, 'the')}")
         return gate
     gate.not_comparable = differences(new.data, old.data)
