@@ -148,8 +148,8 @@ def test_only_the_selected_runs_must_fit_the_context() -> None:
     assert fit.check(full, PURE, context) is None
     assert fit.check(full, MATRIX, context) == (
         "the selected runs do not fit the context of 40960 tokens (option --apc-max-model-len): cases E/F (run E-c8) "
-        "need 65280 tokens (prompt 64768 + output 256 + 256 for the chat template). Fix: --apc-length-scale 0.625 "
-        "(every length scaled; the expected hits follow) or leave them out (-m 'not rag')"
+        "need 65280 tokens (prompt 64768 + output 256 + 256 for the chat template). Fix: run with "
+        "--apc-length-scale 0.625 (every length scaled; the expected hits follow) or leave them out (-m 'not rag')"
     )
     assert fit.check(replace(full, length_scale=0.625), MATRIX, context) is None
     assert fit.check(replace(full, length_scale=0.626), MATRIX, context) is not None  # 0.625 is the largest
@@ -165,8 +165,18 @@ def test_every_case_too_long_is_named_and_the_sweep_how_to_leave_it_out() -> Non
         "cases E/F (run E-c8) need 65280 tokens (prompt 64768 + output 256 + 256 for the chat template); "
         "cases C/D (run C-c8) need 34304 tokens (prompt 33792 + output 256 + 256 for the chat template); "
         "cases A/B (run A-c8) need 33280 tokens (prompt 32768 + output 256 + 256 for the chat template). "
-        "Fix: --apc-length-scale 0.5 (every length scaled; the expected hits follow) or leave them out "
+        "Fix: run with --apc-length-scale 0.5 (every length scaled; the expected hits follow) or leave them out "
         "(-m 'not overhead and not pure and not rag') (the sweep: --apc-sweep-cases without them)"
+    )
+
+
+def test_a_server_run_elsewhere_is_told_the_scale_at_which_its_runs_fit() -> None:
+    """Its context is known once it is reached (/v1/models): the same scale, for the runs on it."""
+    assert fit.shorten(settings(), [RunKey("F", 8)], 32768) == (
+        "run with --apc-length-scale 0.5 (every length scaled; the expected hits follow)"
+    )
+    assert fit.shorten(settings(), [RunKey("F", 8)], 256) == (
+        "shorten the workload (--apc-length-scale, --apc-prefix-len, --apc-input-len, --apc-output-len)"
     )
 
 
@@ -235,8 +245,8 @@ def test_the_context_is_checked_against_the_selected_tests_at_collection(apc_sui
     result.stderr.fnmatch_lines(
         ["ERROR: the selected runs do not fit the context of 40960 tokens (option --apc-max-model-len): cases E/F "
          "(run E-c*) need 65280 tokens (prompt 64768 + output 256 + 256 for the chat template). Fix: "
-         "--apc-length-scale 0.625 (every length scaled; the expected hits follow) or leave them out (-m 'not rag') "
-         "(the sweep: --apc-sweep-cases without them)"]
+         "run with --apc-length-scale 0.625 (every length scaled; the expected hits follow) or leave them out "
+         "(-m 'not rag') (the sweep: --apc-sweep-cases without them)"]
     )  # fmt: skip
     assert apc_suite.runpytest(*full, "--apc-length-scale=0.625", "-m", "apc").ret == pytest.ExitCode.OK
 
@@ -250,6 +260,6 @@ def test_a_models_config_gives_the_context_at_collection(apc_suite: pytest.Pytes
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
         [f"ERROR: the selected runs do not fit the context of 32768 tokens (max_position_embeddings 32768 in "
-         f"{model / 'config.json'}): cases C/D (run C-c8) need 34304 tokens * Fix: --apc-length-scale 0.954 *"]
+         f"{model / 'config.json'}): cases C/D (run C-c8) need 34304 tokens * Fix: run with --apc-length-scale 0.954 *"]
     )  # fmt: skip
     assert apc_suite.runpytest(*run, "--apc-length-scale=0.954").ret == pytest.ExitCode.OK

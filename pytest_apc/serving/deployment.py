@@ -41,7 +41,7 @@ from pytest_apc.serving.server import (
     own_variables,
     server_env,
 )
-from pytest_apc.workload import offload
+from pytest_apc.workload import fit, offload
 from pytest_apc.workload.cases import (
     DATA_PARALLEL,
     EXTERNAL_FLEET,
@@ -79,7 +79,10 @@ def deployment_for(
     # the selected runs against it at collection (fit.check).
     named = settings.served_model_name if given(settings, "served_model_name") else ""
     context = launch_len(settings, planned or keys)
-    elsewhere = replace(how, served_model_name=named, min_model_len=need, min_model_len_why=why)
+    elsewhere = replace(
+        how, served_model_name=named, min_model_len=need, min_model_len_why=why,
+        shorten=lambda context: fit.shorten(settings, keys, context),
+    )  # fmt: skip
 
     def replica(index: int) -> Reach:
         """A replica's own log, beside the others: server-<mode>-r<N>.log."""

@@ -138,6 +138,8 @@ def fitting_scale(settings: Settings, keys: Iterable[RunKey], context: int) -> f
     """The largest --apc-length-scale, in steps of 1/SCALE_STEP, at which every run of ``keys`` fits
     ``context``; None when none does (the output and the template alone need more)."""
     keys = list(keys)
+    if not keys:
+        return None
     tokens = request_tokens(longest(settings, keys)[1])
     scale = math.floor(settings.length_scale * (context - TEMPLATE_HEADROOM) / tokens * SCALE_STEP)
     for step in range(min(scale, int(settings.length_scale * SCALE_STEP)), 0, -1):
@@ -145,6 +147,15 @@ def fitting_scale(settings: Settings, keys: Iterable[RunKey], context: int) -> f
         if need(longest(scaled, keys)[1]) <= context:
             return step / SCALE_STEP
     return None
+
+
+def shorten(settings: Settings, keys: Iterable[RunKey], context: int) -> str:
+    """How to shorten the workload of ``keys`` so that it fits ``context``: the --apc-length-scale at which it
+    does, or the length settings where no scale does."""
+    scale = fitting_scale(settings, keys, context)
+    if scale is None:
+        return "shorten the workload (--apc-length-scale, --apc-prefix-len, --apc-input-len, --apc-output-len)"
+    return f"run with --apc-length-scale {scale:g} (every length scaled; the expected hits follow)"
 
 
 def _pair_of(case: str) -> str:
@@ -175,9 +186,7 @@ def check(settings: Settings, keys: Iterable[RunKey], context: Context | None) -
             f"cases {', '.join(cases)} (run {run}) need {need(workload)} tokens (prompt {workload.prompt_len} + "
             f"output {workload.output_len} + {TEMPLATE_HEADROOM} for the chat template)"
         )
-    scale = fitting_scale(settings, keys, context.tokens)
-    fixes = [f"--apc-length-scale {scale:g} (every length scaled; the expected hits follow)"] if scale else []
-    fixes.append(f"leave them out (-m 'not {' and not '.join(sorted(too_long))}')")
+    fixes = [shorten(settings, keys, context.tokens), f"leave them out (-m 'not {' and not '.join(sorted(too_long))}')"]
     swept = [k for k in keys if k.concurrency != settings.concurrency and k.case in settings.sweep_cases]
     if any(k.family in too_long for k in swept):
         fixes[-1] += " (the sweep: --apc-sweep-cases without them)"
