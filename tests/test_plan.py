@@ -14,7 +14,7 @@ import pytest
 from pytest_apc import config as apc_config
 from pytest_apc.config import SPEC_BY_NAME, SPECS
 from pytest_apc.workload import fit, plan
-from pytest_apc.workload.cases import FAMILIES, FAMILY_LENGTHS, FAMILY_MARKERS, RunKey, workload_for
+from pytest_apc.workload.cases import FAMILIES, FAMILY_LENGTHS, FAMILY_MARKERS, RunKey, ServerMode, workload_for
 from pytest_apc.workload.plan import FAMILY_ONLY, NO_CPU_OFFLOAD, RunParam, parametrization, unused_settings
 from tests.conftest import TESTS_APC
 from tests.conftest import default_settings as settings
@@ -226,6 +226,22 @@ def test_a_launched_server_gets_room_for_the_longest_selected_request(tmp_path: 
     assert fit.check(short, PURE, fit.model_context(short)) is None
     assert fit.launch_len(short, PURE) == 34300
     assert fit.launch_len(replace(short, model=""), PURE) == 34304
+
+
+def test_every_launched_server_of_a_session_gets_room_for_the_longest_planned_request(tmp_path: Path) -> None:
+    """Each mode's server, whatever its own runs: a hash-algorithm server (D only) compares with the default
+    one (B, D, F) only at the same --max-model-len."""
+    from pytest_apc.serving.deployment import deployment_for
+    from pytest_apc.serving.server import LaunchedServer
+
+    def max_model_len(mode: ServerMode, keys: list[RunKey], planned: list[RunKey]) -> str:
+        server = deployment_for(mode, settings(), "/m", tmp_path, lambda message: None, keys, planned)
+        assert isinstance(server, LaunchedServer)
+        command = server._command_for_port(8000)
+        return command[command.index("--max-model-len") + 1]
+
+    assert max_model_len(ServerMode(False), [RunKey("C", 8)], PURE) == "34304"
+    assert max_model_len(ServerMode(True, "xxhash"), [RunKey("D", 8, "xxhash")], [*MATRIX]) == "65280"
 
 
 @pytest.fixture

@@ -274,13 +274,8 @@ def context_needed(keys: Sequence[RunKey], settings: Settings) -> tuple[int, str
     the chat template (the room launched servers get), and how that adds up, in words; (0, "") for none."""
     if not keys:
         return 0, ""
-    longest = max(keys, key=lambda key: request_tokens(workload_for(key.family, settings)))
-    workload = workload_for(longest.family, settings)
-    need = request_tokens(workload) + TEMPLATE_HEADROOM
-    return need, (
-        f"run {longest.id}: prompt {workload.prompt_len} + output {workload.output_len} + "
-        f"{TEMPLATE_HEADROOM} for the chat template"
-    )
+    run, workload = fit.longest(settings, keys)
+    return fit.need(workload), f"run {run}: {fit.need_in_words(workload)}"
 
 
 def server_python(settings: Settings) -> str:

@@ -134,6 +134,11 @@ def need(workload: Workload) -> int:
     return request_tokens(workload) + TEMPLATE_HEADROOM
 
 
+def need_in_words(workload: Workload) -> str:
+    """How ``need`` adds up for ``workload``: "prompt 2112 + output 16 + 256 for the chat template"."""
+    return f"prompt {workload.prompt_len} + output {workload.output_len} + {TEMPLATE_HEADROOM} for the chat template"
+
+
 def fitting_scale(settings: Settings, keys: Iterable[RunKey], context: int) -> float | None:
     """The largest --apc-length-scale, in steps of 1/SCALE_STEP, at which every run of ``keys`` fits
     ``context``; None when none does (the output and the template alone need more)."""
@@ -182,10 +187,7 @@ def check(settings: Settings, keys: Iterable[RunKey], context: Context | None) -
     parts = []
     for family, (run, workload) in sorted(too_long.items(), key=lambda item: -need(item[1][1])):
         cases = sorted({_pair_of(k.case) for k in keys if k.family == family})
-        parts.append(
-            f"cases {', '.join(cases)} (run {run}) need {need(workload)} tokens (prompt {workload.prompt_len} + "
-            f"output {workload.output_len} + {TEMPLATE_HEADROOM} for the chat template)"
-        )
+        parts.append(f"cases {', '.join(cases)} (run {run}) need {need(workload)} tokens ({need_in_words(workload)})")
     fixes = [shorten(settings, keys, context.tokens), f"leave them out (-m 'not {' and not '.join(sorted(too_long))}')"]
     swept = [k for k in keys if k.concurrency != settings.concurrency and k.case in settings.sweep_cases]
     if any(k.family in too_long for k in swept):
