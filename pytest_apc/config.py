@@ -527,8 +527,8 @@ class Settings:
         _non_negative_int,
         0,
         (
-            "Value of --max-model-len for both servers. 0: the longest workload plus output, with room for "
-            "the chat template"
+            "The context (--max-model-len) of the servers pytest-apc launches; the selected runs must fit it. 0: "
+            "room for the longest selected request and the chat template, within the model's own context"
         ),
         "TOKENS",
     )

@@ -33,6 +33,7 @@ from pytest_apc.results import document as results
 from pytest_apc.serving import preflight
 from pytest_apc.serving import process as procs
 from pytest_apc.verdicts.verdict import Pair, Verdict, not_comparable
+from pytest_apc.workload import fit
 from pytest_apc.workload.cases import CASE_APC, FAMILY_MARKERS, OWN_MARKER_FAMILIES, RunKey
 from pytest_apc.workload.plan import APC_CASES_OPTIONS, TestUse, check_settings, parametrization, unused_settings
 
@@ -284,6 +285,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             undeclared += not runs
     if session is not None and settings is not None:
         _warn_unused_settings(config, settings, session, items)
+        launched = [key for key in session.plan.keys if preflight.launched_here(key.mode, settings)]
+        too_long = fit.check(settings, launched, fit.model_context(settings))  # servers run elsewhere: at readiness
+        if too_long and not _is_worker(config):
+            raise pytest.UsageError(too_long)
+        if too_long:
+            session.refuse_runs(too_long)  # an xdist worker cannot stop the session: its runs fail with it
         if BASELINE_KEY in config.stash:
             try:  # the selected runs are known: enough repeats of each the baseline has, before any server starts
                 config.stash[BASELINE_KEY].check_runs(session.plan.keys)

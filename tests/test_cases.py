@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pytest_apc import config
-from pytest_apc.workload.cases import FAMILIES, RunKey, Workload, longest_request_tokens, predict, workload_for
+from pytest_apc.workload.cases import FAMILIES, RunKey, Workload, predict, workload_for
+from pytest_apc.workload.fit import longest, request_tokens
 
 
 def test_run_key_ids_round_trip() -> None:
@@ -44,4 +45,5 @@ def test_longest_request_is_the_longest_family(pytester: pytest.Pytester) -> Non
     lengths = {f: workload_for(f, settings).prompt_len + workload_for(f, settings).output_len for f in FAMILIES}
     # CPU profile, scale 1/16: rag = 2000 prefix + 2048 input + 16 output.
     assert lengths["rag"] == 4064
-    assert longest_request_tokens(settings) == max(lengths.values()) == 4064
+    assert request_tokens(longest(settings)[1]) == max(lengths.values()) == 4064
+    assert longest(settings) == ("rag", workload_for("rag", settings))

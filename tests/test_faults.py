@@ -638,8 +638,8 @@ def test_a_tokenizer_alone_launches_nothing_and_says_so(pytester, tmp_path) -> N
 
 
 def test_only_servers_run_elsewhere_are_held_to_the_context_of_their_runs(pytester, tmp_path) -> None:
-    """A launched server gets its --max-model-len from the plugin (an explicit --apc-max-model-len is checked
-    by config): only a server run elsewhere is held to the longest request of its runs at readiness."""
+    """A launched server gets its --max-model-len from the plugin (the selected runs are checked against it at
+    collection): only a server run elsewhere is held to the longest request of its runs at readiness."""
     from pytest_apc import config as apc_config
     from pytest_apc.serving.deployment import deployment_for
     from pytest_apc.workload.cases import RunKey, ServerMode

@@ -1,33 +1,28 @@
 """The plan, decided from the settings alone (no pytest involved): how a test marked apc_cases is
-parametrized, which given settings no selected test uses, and which settings the workload refuses."""
+parametrized, which given settings no selected test uses, which settings the workload refuses, and whether
+the selected runs fit the model's context (workload.fit)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pytest_apc import config as apc_config
 from pytest_apc.config import SPEC_BY_NAME, SPECS
-from pytest_apc.workload import plan
-from pytest_apc.workload.cases import FAMILIES, FAMILY_LENGTHS, FAMILY_MARKERS, RunKey, workload_for
+from pytest_apc.workload import fit, plan
+from pytest_apc.workload.cases import FAMILIES, FAMILY_LENGTHS, FAMILY_MARKERS, RunKey, ServerMode, workload_for
 from pytest_apc.workload.plan import FAMILY_ONLY, NO_CPU_OFFLOAD, RunParam, parametrization, unused_settings
+from tests.conftest import TESTS_APC
 from tests.conftest import default_settings as settings
 
 
 def ids(params: list[RunParam]) -> list[str]:
     assert all(p.skip is None and p.test_id == p.run_id for p in params), params
     return [p.run_id for p in params]
-
-
-def test_max_model_len_too_small_for_workload(pytester: pytest.Pytester) -> None:
-    settings_ = apc_config.resolve(pytester.parseconfig("--cpu-node", "--apc-max-model-len=1000"), environ={})
-    with pytest.raises(
-        apc_config.SettingError,
-        match=r"^Invalid apc_max_model_len 1000 from option --apc-max-model-len: the longest workload needs 4064 ",
-    ):
-        plan.check_settings(settings_)
-    plan.check_settings(replace(settings_, max_model_len=4064))  # the longest request fits: no error
 
 
 def test_an_unknown_model_shape_is_refused(pytester: pytest.Pytester) -> None:
@@ -43,9 +38,6 @@ def test_an_unknown_model_shape_is_refused(pytester: pytest.Pytester) -> None:
 
 def test_the_plugin_stops_on_a_setting_the_workload_refuses(pytester: pytest.Pytester) -> None:
     """config.resolve knows nothing of the workload: the plugin checks these right after it, as usage errors."""
-    result = pytester.runpytest("--cpu-node", "--apc-max-model-len=1000")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: Invalid apc_max_model_len 1000 from option --apc-max-model-len: *"])
     result = pytester.runpytest("--gpu-node", "--apc-model-shape=llama-9b")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: Invalid apc_model_shape 'llama-9b' from option --apc-model-shape: *"])
@@ -142,3 +134,148 @@ def test_a_family_setting_no_selected_case_reads_is_named(name: str, value: int,
     assert unused_settings(given, planned, [], [], "the selection", FAMILY_MARKERS) == [
         f"{head}: {message} (no collected test would)"
     ]
+
+
+PURE = [RunKey("C", 8), RunKey("D", 8)]
+MATRIX = [RunKey(case, 8) for case in "ABCDEF"]
+
+
+def test_only_the_selected_runs_must_fit_the_context() -> None:
+    """At full scale C/D need 34304 tokens and E/F 65280: a context of 40960 holds -m pure, not the matrix,
+    and the message gives the largest scale at which the matrix fits."""
+    full = settings()
+    context = fit.Context(40960, "option --apc-max-model-len")
+    assert fit.check(full, PURE, context) is None
+    assert fit.check(full, MATRIX, context) == (
+        "the selected runs do not fit the context of 40960 tokens (option --apc-max-model-len): cases E/F (run E-c8) "
+        "need 65280 tokens (prompt 64768 + output 256 + 256 for the chat template). Fix: run with "
+        "--apc-length-scale 0.625 (every length scaled; the expected hits follow) or leave them out (-m 'not rag')"
+    )
+    assert fit.check(replace(full, length_scale=0.625), MATRIX, context) is None
+    assert fit.check(replace(full, length_scale=0.626), MATRIX, context) is not None  # 0.625 is the largest
+    assert fit.check(full, MATRIX, None) is None  # a context not known before a server starts: checked there
+    assert fit.check(full, [], context) is None
+
+
+def test_every_case_too_long_is_named_and_the_sweep_how_to_leave_it_out() -> None:
+    keys = [*MATRIX, RunKey("F", 1)]  # a sweep level beside the default concurrency
+    message = fit.check(settings(), keys, fit.Context(32768, "max_position_embeddings 32768 in /m/config.json"))
+    assert message == (
+        "the selected runs do not fit the context of 32768 tokens (max_position_embeddings 32768 in /m/config.json): "
+        "cases E/F (run E-c8) need 65280 tokens (prompt 64768 + output 256 + 256 for the chat template); "
+        "cases C/D (run C-c8) need 34304 tokens (prompt 33792 + output 256 + 256 for the chat template); "
+        "cases A/B (run A-c8) need 33280 tokens (prompt 32768 + output 256 + 256 for the chat template). "
+        "Fix: run with --apc-length-scale 0.5 (every length scaled; the expected hits follow) or leave them out "
+        "(-m 'not overhead and not pure and not rag') (the sweep: --apc-sweep-cases without them)"
+    )
+
+
+def test_a_server_run_elsewhere_is_told_the_scale_at_which_its_runs_fit() -> None:
+    """Its context is known once it is reached (/v1/models): the same scale, for the runs on it."""
+    assert fit.shorten(settings(), [RunKey("F", 8)], 32768) == (
+        "run with --apc-length-scale 0.5 (every length scaled; the expected hits follow)"
+    )
+    assert fit.shorten(settings(), [RunKey("F", 8)], 256) == (
+        "shorten the workload (--apc-length-scale, --apc-prefix-len, --apc-input-len, --apc-output-len)"
+    )
+
+
+def test_the_context_is_read_from_the_models_config(tmp_path: Path) -> None:
+    def context(config: dict[str, Any]) -> fit.Context | None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        return fit.model_context(settings(model=str(tmp_path)))
+
+    where = tmp_path / "config.json"
+    assert context({"max_position_embeddings": 32768}) == fit.Context(
+        32768, f"max_position_embeddings 32768 in {where}"
+    )
+    # The smallest of the length keys; a linear RoPE scaling multiplies it, llama3's already holds it.
+    assert context({"max_position_embeddings": 8192, "seq_length": 4096}) == fit.Context(
+        4096, f"seq_length 4096 in {where}"
+    )
+    assert context({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 4.0}}) == (
+        fit.Context(16384, f"max_position_embeddings 4096 x rope_scaling factor 4 in {where}")
+    )
+    llama3 = {"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    assert context(llama3) == fit.Context(131072, f"max_position_embeddings 131072 in {where}")
+    assert context({"text_config": {"max_position_embeddings": 8192}}) == fit.Context(
+        8192, f"max_position_embeddings 8192 in {where}"
+    )
+    assert context({"hidden_size": 64}) is None
+    (tmp_path / "config.json").write_text("{not json")
+    assert fit.model_context(settings(model=str(tmp_path))) is None  # the server says what is wrong with it
+    assert fit.model_context(settings(model="org/a-hub-name")) is None
+    given = settings(model=str(tmp_path), max_model_len=20000, sources={"max_model_len": "option --apc-max-model-len"})
+    assert fit.model_context(given) == fit.Context(20000, "option --apc-max-model-len")
+    assert fit.model_context(settings(model_shape="llama-3.1-8b")) == fit.Context(
+        131072, "max_position_embeddings 131072 in the llama-3.1-8b shape"
+    )
+    assert fit.model_context(settings("cpu")) == fit.Context(
+        65536, "max_position_embeddings 65536 in the generated tiny model"
+    )
+
+
+def test_a_launched_server_gets_room_for_the_longest_selected_request(tmp_path: Path) -> None:
+    full = settings()
+    assert fit.launch_len(full, PURE) == 33792 + 256 + 256
+    assert fit.launch_len(full, MATRIX) == fit.launch_len(full) == 64768 + 256 + 256
+    assert fit.launch_len(replace(full, max_model_len=40000), PURE) == 40000
+    # Rounded up to a step of 256, but never past the model's context: C/D need 34042 + 256 = 34298.
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 34300}))
+    short = replace(full, output_len=250, model=str(tmp_path))
+    assert fit.check(short, PURE, fit.model_context(short)) is None
+    assert fit.launch_len(short, PURE) == 34300
+    assert fit.launch_len(replace(short, model=""), PURE) == 34304
+
+
+def test_every_launched_server_of_a_session_gets_room_for_the_longest_planned_request(tmp_path: Path) -> None:
+    """Each mode's server, whatever its own runs: a hash-algorithm server (D only) compares with the default
+    one (B, D, F) only at the same --max-model-len."""
+    from pytest_apc.serving.deployment import deployment_for
+    from pytest_apc.serving.server import LaunchedServer
+
+    def max_model_len(mode: ServerMode, keys: list[RunKey], planned: list[RunKey]) -> str:
+        server = deployment_for(mode, settings(), "/m", tmp_path, lambda message: None, keys, planned)
+        assert isinstance(server, LaunchedServer)
+        command = server._command_for_port(8000)
+        return command[command.index("--max-model-len") + 1]
+
+    assert max_model_len(ServerMode(False), [RunKey("C", 8)], PURE) == "34304"
+    assert max_model_len(ServerMode(True, "xxhash"), [RunKey("D", 8, "xxhash")], [*MATRIX]) == "65280"
+
+
+@pytest.fixture
+def apc_suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    """The shipped suite (tests_apc) in pytester's folder: collected and planned, never measured here."""
+    pytester.makepyfile(**{path.stem: path.read_text() for path in TESTS_APC.glob("test_*.py")})
+    return pytester
+
+
+def test_the_context_is_checked_against_the_selected_tests_at_collection(apc_suite: pytest.Pytester) -> None:
+    """At full scale, --apc-max-model-len 40960 holds -m pure; -m apc (E/F: 65280) is refused in one line
+    with the scale that fits, and runs at that scale."""
+    full = ("--collect-only", "-q", "--cpu-node", "--apc-max-model-len=40960")
+    assert apc_suite.runpytest(*full, "--apc-length-scale=1", "-m", "pure").ret == pytest.ExitCode.OK
+    result = apc_suite.runpytest(*full, "--apc-length-scale=1", "-m", "apc")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: the selected runs do not fit the context of 40960 tokens (option --apc-max-model-len): cases E/F "
+         "(run E-c*) need 65280 tokens (prompt 64768 + output 256 + 256 for the chat template). Fix: "
+         "run with --apc-length-scale 0.625 (every length scaled; the expected hits follow) or leave them out "
+         "(-m 'not rag') (the sweep: --apc-sweep-cases without them)"]
+    )  # fmt: skip
+    assert apc_suite.runpytest(*full, "--apc-length-scale=0.625", "-m", "apc").ret == pytest.ExitCode.OK
+
+
+def test_a_models_config_gives_the_context_at_collection(apc_suite: pytest.Pytester) -> None:
+    """A model folder whose config.json holds 32768 positions: C/D at full scale need 34304."""
+    model = apc_suite.mkdir("model")
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 32768}))
+    run = ("--collect-only", "-q", "--cpu-node", f"--apc-model={model}", "-m", "pure")
+    result = apc_suite.runpytest(*run, "--apc-length-scale=1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [f"ERROR: the selected runs do not fit the context of 32768 tokens (max_position_embeddings 32768 in "
+         f"{model / 'config.json'}): cases C/D (run C-c8) need 34304 tokens * Fix: run with --apc-length-scale 0.954 *"]
+    )  # fmt: skip
+    assert apc_suite.runpytest(*run, "--apc-length-scale=0.954").ret == pytest.ExitCode.OK

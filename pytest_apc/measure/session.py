@@ -126,7 +126,9 @@ class ApcSession:
     def _start(self, mode: ServerMode, keys: list[RunKey]) -> Deployment | None:
         """A ready deployment for ``mode``, or None with every run of it failed (naming why)."""
         try:
-            deployment = deployment_for(mode, self.settings, self.model(), self.run_dir, self.progress, keys)
+            deployment = deployment_for(
+                mode, self.settings, self.model(), self.run_dir, self.progress, keys, sorted(self.plan.keys)
+            )
         except ServerError as err:
             self._fail_runs(keys, f"the {mode.name} deployment cannot be made: {err}")
             return None

@@ -41,22 +41,17 @@ from pytest_apc.serving.server import (
     own_variables,
     server_env,
 )
-from pytest_apc.workload import offload
+from pytest_apc.workload import fit, offload
 from pytest_apc.workload.cases import (
     DATA_PARALLEL,
     EXTERNAL_FLEET,
     RunKey,
     ServerMode,
-    Workload,
-    ceil_div,
-    longest_request_tokens,
     workload_for,
 )
+from pytest_apc.workload.fit import TEMPLATE_HEADROOM, launch_len, request_tokens, room_for
 from pytest_apc.workload.offload import OffloadSizeError, OffloadSizes
 from pytest_apc.workload.vllm_loader import LOAD_FORMAT
-
-# Room for the chat template on top of the longest workload, and the step --max-model-len is rounded to.
-TEMPLATE_HEADROOM = 256
 
 
 def deployment_for(
@@ -66,8 +61,10 @@ def deployment_for(
     run_dir: Path,
     progress: Callable[[str], None],
     keys: Sequence[RunKey] = (),
+    planned: Sequence[RunKey] = (),
 ) -> Deployment:
-    """The deployment that serves ``mode`` under these settings, for the runs ``keys``."""
+    """The deployment that serves ``mode`` under these settings, for the runs ``keys`` (of the session's
+    ``planned`` runs, whose longest request sets a launched server's context)."""
     need, why = context_needed(keys, settings)
     how = Reach(
         served_model_name=settings.served_model_name,
@@ -78,10 +75,14 @@ def deployment_for(
         ca_bundle=settings.ca_bundle,
     )
     # A server run elsewhere serves the name it serves (without --apc-served-model-name, take it from it),
-    # and its own context. Launched servers get the context max_model_len() gives them, and an explicit
-    # --apc-max-model-len is checked by config against the workload.
+    # and its own context. Launched servers get the context fit.launch_len gives them, and the plugin checks
+    # the selected runs against it at collection (fit.check).
     named = settings.served_model_name if given(settings, "served_model_name") else ""
-    elsewhere = replace(how, served_model_name=named, min_model_len=need, min_model_len_why=why)
+    context = launch_len(settings, planned or keys)
+    elsewhere = replace(
+        how, served_model_name=named, min_model_len=need, min_model_len_why=why,
+        shorten=lambda context: fit.shorten(settings, keys, context),
+    )  # fmt: skip
 
     def replica(index: int) -> Reach:
         """A replica's own log, beside the others: server-<mode>-r<N>.log."""
@@ -120,7 +121,9 @@ def deployment_for(
     if mode.fleet == "router":
         gpus = replica_gpus(settings)
         replicas = [
-            launched_server(mode, settings, model, replica(i), tensor_parallel=gpus[i][1], env_extra=gpus[i][0])
+            launched_server(
+                mode, settings, model, replica(i), tensor_parallel=gpus[i][1], env_extra=gpus[i][0], model_len=context
+            )
             for i in range(settings.replicas)
         ]
         router = Router(
@@ -141,8 +144,12 @@ def deployment_for(
         extra = ("--data-parallel-size", str(ranks))
         ranks_cores = cpu_core_chunks(settings, ranks)  # vLLM gives rank r the r-th "|"-separated list
         binding = {"VLLM_CPU_OMP_THREADS_BIND": "|".join(ranks_cores)} if ranks_cores else {}
-        return launched_server(mode, settings, model, how, tensor_parallel=tp, extra=extra, env_extra=binding)
-    return launched_server(mode, settings, model, how, tensor_parallel=tensor_parallel_size(settings))
+        return launched_server(
+            mode, settings, model, how, tensor_parallel=tp, extra=extra, env_extra=binding, model_len=context
+        )
+    return launched_server(
+        mode, settings, model, how, tensor_parallel=tensor_parallel_size(settings), model_len=context
+    )
 
 
 def launched_server(
@@ -172,7 +179,7 @@ def launched_server(
             host=settings.host,
             port=port,
             mode=mode,
-            max_model_len=model_len or max_model_len(settings),
+            max_model_len=model_len or launch_len(settings),
             tensor_parallel_size=tensor_parallel,
             extra=model_args(settings) + extra + tuple(settings.server_arg),
             launcher=settings.launcher,
@@ -267,31 +274,8 @@ def context_needed(keys: Sequence[RunKey], settings: Settings) -> tuple[int, str
     the chat template (the room launched servers get), and how that adds up, in words; (0, "") for none."""
     if not keys:
         return 0, ""
-    longest = max(keys, key=lambda key: request_tokens(workload_for(key.family, settings)))
-    workload = workload_for(longest.family, settings)
-    need = request_tokens(workload) + TEMPLATE_HEADROOM
-    return need, (
-        f"run {longest.id}: prompt {workload.prompt_len} + output {workload.output_len} + "
-        f"{TEMPLATE_HEADROOM} for the chat template"
-    )
-
-
-def request_tokens(workload: Workload) -> int:
-    """Prompt and output tokens of one request of ``workload`` (before the chat template)."""
-    return workload.prompt_len + workload.output_len
-
-
-def max_model_len(settings: Settings) -> int:
-    """Room for the longest workload of any family (same on every server, whatever is selected)."""
-    if settings.max_model_len:
-        return settings.max_model_len
-    return room_for(longest_request_tokens(settings))
-
-
-def room_for(tokens: int) -> int:
-    """--max-model-len for requests of ``tokens`` (prompt and output) and the chat template, in steps of the
-    headroom."""
-    return ceil_div(tokens + TEMPLATE_HEADROOM, TEMPLATE_HEADROOM) * TEMPLATE_HEADROOM
+    run, workload = fit.longest(settings, keys)
+    return fit.need(workload), f"run {run}: {fit.need_in_words(workload)}"
 
 
 def server_python(settings: Settings) -> str:

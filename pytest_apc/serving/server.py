@@ -143,6 +143,7 @@ class Reach:
     ca_bundle: str = ""
     min_model_len: int = 0
     min_model_len_why: str = ""  # how min_model_len adds up, in words
+    shorten: Callable[[int], str] = field(default=lambda context: "shorten the workload (--apc-length-scale)")
 
 
 class Endpoint(Deployment):
@@ -345,7 +346,7 @@ class Endpoint(Deployment):
             f"{self.mode.name} server {self.url} serves {self.served_model_name!r} with max_model_len {have}, "
             f"but the longest request of its runs needs {need} tokens ({self.how.min_model_len_why}): restart it "
             f"with --max-model-len {need} or more (on Kubernetes: the vLLM container's arguments of every pod), "
-            "or shorten the workload (--apc-length-scale, --apc-prefix-len, --apc-input-len, --apc-output-len)"
+            f"or {self.how.shorten(have)}"
         )
 
     def _record(self, config: Mapping[str, str]) -> None:

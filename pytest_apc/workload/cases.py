@@ -166,11 +166,6 @@ def workload_for(family: str, settings: Settings) -> Workload:
     return Workload(family, prefix, suffix, s(settings.output_len), settings.num_prompts, settings.seed, groups)
 
 
-def longest_request_tokens(settings: Settings) -> int:
-    """Prompt plus output tokens of the longest request any family sends (before the chat template)."""
-    return max(w.prompt_len + w.output_len for w in (workload_for(f, settings) for f in FAMILIES))
-
-
 @dataclass(frozen=True, order=True)
 class ServerMode:
     """Which server: APC on or off, and (APC on only) a prefix-caching hash algorithm."""

@@ -1,6 +1,6 @@
 """The run plan: how a test marked ``apc_cases`` is parametrized, which runs the selected tests need
 (grouped by the server mode they run on), which given settings no selected test uses, and which settings
-the workload cannot be run with (``check_settings``).
+the workload cannot be run with (``check_settings``; whether the selected runs fit the model is ``fit``'s).
 
 The plugin parametrizes each marked test with :func:`parametrization` and adds every run a selected test
 uses at collection (after ``-m`` / ``-k``), so the session can measure all runs of a mode on one
@@ -24,24 +24,17 @@ from pytest_apc.workload.cases import (
     TIER_VARIANTS,
     RunKey,
     ServerMode,
-    longest_request_tokens,
 )
 from pytest_apc.workload.models import SHAPES
 
 
 def check_settings(settings: Settings) -> None:
     """Raise ``config.SettingError`` for a setting the workload cannot be run with: a model shape that is not
-    one of ``models.SHAPES``, or a --apc-max-model-len shorter than the longest request of any family.
-    The plugin calls it right after ``config.resolve`` (which knows nothing of the workload)."""
+    one of ``models.SHAPES``. The plugin calls it right after ``config.resolve`` (which knows nothing of the
+    workload); the lengths are checked against the model's context once the selected runs are known
+    (``fit.check``, at collection)."""
     if settings.model_shape and settings.model_shape not in SHAPES:
         raise setting_error(settings, "model_shape", f"must be one of {', '.join(SHAPES)}")
-    longest = longest_request_tokens(settings)
-    if settings.max_model_len and longest > settings.max_model_len:
-        raise setting_error(
-            settings,
-            "max_model_len",
-            f"the longest workload needs {longest} tokens (prefix + suffix + output) plus the chat template",
-        )
 
 
 @dataclass
