@@ -628,7 +628,7 @@ def test_a_tokenizer_alone_launches_nothing_and_says_so(pytester, tmp_path) -> N
     without --apc-url-on/off) fails its runs naming the missing model, before any command line is built."""
     from pytest_apc import config as apc_config
     from pytest_apc.serving.deployment import deployment_for
-    from pytest_apc.serving.server import ServerError
+    from pytest_apc.serving.interface import ServerError
     from pytest_apc.workload.cases import ServerMode
 
     fleet = ("--apc-fleet-url=http://gw:80", "--apc-metrics-url=http://r1:8000", "--apc-metrics-url=http://r2:8000")

@@ -18,11 +18,12 @@ from pytest_apc import config as apc_config
 from pytest_apc.measure.bench import BenchError, BenchRunner
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.serving import process as procs
+from pytest_apc.serving.endpoint import Reach
 from pytest_apc.serving.fleet import Fleet
-from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.interface import ServerError, ServerInfo
 from pytest_apc.serving.preflight import node_lock_needed
 from pytest_apc.serving.router import Router
-from pytest_apc.serving.server import LaunchedServer, Reach, ServerError
+from pytest_apc.serving.server import LaunchedServer
 from pytest_apc.workload.cases import RunKey, ServerMode
 from tests.conftest import FAKE_VLLM, default_settings
 
@@ -141,7 +142,7 @@ def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypat
     srv = server_mod.LaunchedServer(
         ServerMode(True),
         lambda port: [*fake, "--port", str(port), "--enable-prefix-caching"],
-        server_mod.Reach(served_model_name="apc-model", log_path=tmp_path / "server.log", startup_timeout=30),
+        Reach(served_model_name="apc-model", log_path=tmp_path / "server.log", startup_timeout=30),
         bind_host="127.0.0.1",
         connect_host="127.0.0.1",
         env={},

@@ -4,7 +4,7 @@ every turn index on their own.
 
 Every request is tokenized by the server it goes to (``/tokenize`` with its messages, as the chat endpoint
 renders them), and written to a ``custom`` dataset file of vLLM's benchmark as a message list (see
-``bench.chat_samples``). The round is the barrier that makes the prediction exact: a conversation's next
+``bench_worker.chat_samples``). The round is the barrier that makes the prediction exact: a conversation's next
 turn is sent only after every request of the previous round finished; the first round sends its first
 request on its own (``round_parts``), so that the global prefix is cached before the others look it up.
 """
@@ -24,9 +24,9 @@ from pytest_apc.config import Settings
 from pytest_apc.measure.bench import BenchRunner, bench_args
 from pytest_apc.measure.records import Repeat, RunRecord
 from pytest_apc.serving import metrics
+from pytest_apc.serving.client import http_session
 from pytest_apc.serving.deployment import Deployment
 from pytest_apc.serving.fleet import Fleet
-from pytest_apc.serving.server import http_session
 from pytest_apc.workload import affinity
 from pytest_apc.workload.cases import COMPACT, Prediction, RunKey, workload_for
 from pytest_apc.workload.multiturn import Conversations, Message, TurnRecord, common_prefix, predict_rounds, replay

@@ -20,8 +20,8 @@ from pytest_apc.measure.answers import Probe, ProbeError, run_probe
 from pytest_apc.measure.bench import BenchRunner, bench_args
 from pytest_apc.measure.records import Repeat, RunRecord
 from pytest_apc.serving import metrics
+from pytest_apc.serving.client import http_session
 from pytest_apc.serving.deployment import Deployment
-from pytest_apc.serving.server import http_session
 from pytest_apc.workload import eviction
 from pytest_apc.workload.cases import RunKey, Workload, predict, workload_for
 

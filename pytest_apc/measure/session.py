@@ -24,10 +24,9 @@ from pytest_apc.measure.run import Measurer
 from pytest_apc.measure.store import RunStore
 from pytest_apc.serving import metrics
 from pytest_apc.serving.deployment import Deployment, deployment_for, served_model
-from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.interface import ServerError, ServerInfo
 from pytest_apc.serving.logwatch import tail
 from pytest_apc.serving.preflight import missing_requirement
-from pytest_apc.serving.server import ServerError
 from pytest_apc.workload.cases import OFFLOAD_TIER, RunKey, ServerMode, workload_for
 from pytest_apc.workload.offload import OffloadSizes
 from pytest_apc.workload.plan import Plan

@@ -28,9 +28,9 @@ from pathlib import Path
 import requests
 
 from pytest_apc.serving import metrics, probe
-from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.endpoint import Endpoint
+from pytest_apc.serving.interface import ServerError, ServerInfo
 from pytest_apc.serving.router import Router, RouterError
-from pytest_apc.serving.server import Endpoint, ServerError
 from pytest_apc.workload.cases import ServerMode
 
 # What replicas of one fleet must agree on to be measured as one (the cache_config_info labels).

@@ -1,5 +1,6 @@
-"""What the session needs from whatever serves one APC mode, declared once: one server (``server.py``:
-``Endpoint`` and its kinds subclass it) or a fleet of them (``fleet.py``); ``deployment.py`` picks the kind.
+"""What the session needs from whatever serves one APC mode, declared once: one server (``endpoint.py``:
+``Endpoint``, and its kinds in ``server.py``, subclass it) or a fleet of them (``fleet.py``);
+``deployment.py`` picks the kind.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from pytest_apc.serving import metrics
 from pytest_apc.workload.cases import ServerMode
 
 EXTERNAL = "(external)"  # ServerInfo.command of a server given by URL
+
+
+class ServerError(RuntimeError):
+    """A server that could not start, died, or answered what it must not."""
 
 
 @dataclass
