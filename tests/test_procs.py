@@ -24,7 +24,8 @@ from pytest_apc.serving.interface import ServerError, ServerInfo
 from pytest_apc.serving.preflight import node_lock_needed
 from pytest_apc.serving.router import Router
 from pytest_apc.serving.server import LaunchedServer
-from pytest_apc.workload.cases import RunKey, ServerMode
+from pytest_apc.workload.cases import RunKey, ServerMode, workload_for
+from pytest_apc.workload.plan import PlannedRun
 from tests.conftest import FAKE_VLLM, default_settings
 
 # Both single servers run elsewhere.
@@ -112,8 +113,8 @@ def test_kv_working_set_beyond_capacity(pytester: pytest.Pytester, tmp_path: Pat
     session = ApcSession(settings=settings, run_dir=tmp_path, json_path=tmp_path / "r.json")
     info = ServerInfo(mode="apc-on", command=[], url="", log="", block_size=128, num_gpu_blocks=40,
                       chat_header_tokens=26)  # fmt: skip
-    keys = [RunKey("D", 1), RunKey("D", 8)]
-    kept = session._check_kv_capacity(keys, info)
+    runs = [PlannedRun(RunKey("D", c), workload_for("pure", settings)) for c in (1, 8)]
+    kept = [run.key for run in session._check_kv_capacity(runs, info)]
     assert (RunKey("D", 8) in kept) is measured
     assert RunKey("D", 1) in kept  # 17 blocks fit in 40
     assert session.measured.warnings == [

@@ -20,7 +20,8 @@ from pytest_apc.measure.repeat import Bencher, Benchmark
 from pytest_apc.serving.client import http_session
 from pytest_apc.serving.deployment import Deployment
 from pytest_apc.workload import eviction
-from pytest_apc.workload.cases import RunKey, Workload, predict, workload_for
+from pytest_apc.workload.cases import RunKey, Workload, predict
+from pytest_apc.workload.plan import PlannedRun
 
 
 class Measurer:
@@ -32,8 +33,8 @@ class Measurer:
         self.bench_dir = bench_dir
         self.bencher = Bencher(bench, bench_dir, settings.bench_timeout)
 
-    def run(self, key: RunKey, deployment: Deployment) -> RunRecord:
-        workload = workload_for(key.family, self.settings)
+    def run(self, run: PlannedRun, deployment: Deployment) -> RunRecord:
+        key, workload = run.key, run.workload
         if key.family == "multiturn":
             return multiturn.measure(key, workload, deployment, self.settings, self.bencher, self.model)
         started = time.monotonic()

@@ -38,14 +38,13 @@ from pytest_apc.workload import offload
 from pytest_apc.workload.cases import (
     DATA_PARALLEL,
     EXTERNAL_FLEET,
-    RunKey,
     ServerMode,
     Workload,
     ceil_div,
     longest_request_tokens,
-    workload_for,
 )
 from pytest_apc.workload.offload import OffloadSizeError, OffloadSizes
+from pytest_apc.workload.plan import PlannedRun
 from pytest_apc.workload.vllm_loader import LOAD_FORMAT
 
 # Room for the chat template on top of the longest workload, and the step --max-model-len is rounded to.
@@ -58,10 +57,11 @@ def deployment_for(
     model: str,
     run_dir: Path,
     progress: Callable[[str], None],
-    keys: Sequence[RunKey] = (),
+    runs: Sequence[PlannedRun] = (),
 ) -> Deployment:
-    """The deployment that serves ``mode`` under these settings, for the runs ``keys``."""
-    need, why = context_needed(keys, settings)
+    """The deployment that serves ``mode`` under these settings, for ``runs`` (a small-cache server is sized
+    for their workload)."""
+    need, why = context_needed(runs)
     how = Reach(
         served_model_name=settings.served_model_name,
         log_path=run_dir / f"server-{mode.name}.log",
@@ -81,8 +81,11 @@ def deployment_for(
         return replace(how, log_path=run_dir / f"server-{mode.name}-r{index + 1}.log")
 
     if mode.cache:
+        if not runs:
+            raise ServerError(f"the {mode.name} server is sized for the workload of its runs, and none is planned")
+        workload = runs[0].workload  # every run of a small-cache server sends its family's workload
         try:
-            sized = offload_sizes(settings, model, mode.cache_family)
+            sized = offload_sizes(settings, model, workload)
         except OffloadSizeError as err:
             raise ServerError(
                 f"{err}; give the sizes instead (--apc-offload-gpu-blocks and --apc-offload-tier-gib)"
@@ -90,7 +93,7 @@ def deployment_for(
         # vLLM refuses a GPU cache smaller than one request of --max-model-len: the offload case's own length.
         server = launched_server(
             mode, settings, model, how, tensor_parallel=tensor_parallel_size(settings), extra=sized.server_args(mode),
-            model_len=room_for(request_tokens(workload_for(mode.cache_family, settings))),
+            model_len=room_for(request_tokens(workload)),
         )  # fmt: skip
         server.info.offload = sized.as_dict()
         return server
@@ -236,13 +239,13 @@ def external_url(mode: ServerMode, settings: Settings) -> str:
     return settings.url_on if mode.apc else settings.url_off
 
 
-def offload_sizes(settings: Settings, model: str, family: str = "offload") -> OffloadSizes:
-    """The GPU cache and CPU tier of the small-cache servers of ``family`` (the offload case's, or the
-    multi-turn case's, sized for its conversations: offload.py), from the model's config. The sizes given by
-    --apc-offload-gpu-blocks / --apc-offload-tier-gib are the offload case's alone."""
-    multiturn = family == "multiturn"
+def offload_sizes(settings: Settings, model: str, workload: Workload) -> OffloadSizes:
+    """The GPU cache and CPU tier of the small-cache servers of ``workload``'s family (the offload case's, or
+    the multi-turn case's, sized for its conversations: offload.py), from the model's config. The sizes given
+    by --apc-offload-gpu-blocks / --apc-offload-tier-gib are the offload case's alone."""
+    multiturn = workload.family == "multiturn"
     return offload.sizes(
-        workload_for(family, settings), offload.model_config(model), tuple(settings.server_arg), TEMPLATE_HEADROOM,
+        workload, offload.model_config(model), tuple(settings.server_arg), TEMPLATE_HEADROOM,
         gpu_blocks=0 if multiturn else settings.offload_gpu_blocks,
         tier_gib=0.0 if multiturn else settings.offload_tier_gib,
         outputs=settings.multiturn_turns if multiturn else 1,
@@ -255,16 +258,16 @@ def given(settings: Settings, name: str) -> bool:
     return settings.sources.get(name, "default") != "default"
 
 
-def context_needed(keys: Sequence[RunKey], settings: Settings) -> tuple[int, str]:
-    """The context the longest request of ``keys`` needs: its prompt and output plus TEMPLATE_HEADROOM for
+def context_needed(runs: Sequence[PlannedRun]) -> tuple[int, str]:
+    """The context the longest request of ``runs`` needs: its prompt and output plus TEMPLATE_HEADROOM for
     the chat template (the room launched servers get), and how that adds up, in words; (0, "") for none."""
-    if not keys:
+    if not runs:
         return 0, ""
-    longest = max(keys, key=lambda key: request_tokens(workload_for(key.family, settings)))
-    workload = workload_for(longest.family, settings)
+    longest = max(runs, key=lambda run: request_tokens(run.workload))
+    workload = longest.workload
     need = request_tokens(workload) + TEMPLATE_HEADROOM
     return need, (
-        f"run {longest.id}: prompt {workload.prompt_len} + output {workload.output_len} + "
+        f"run {longest.key.id}: prompt {workload.prompt_len} + output {workload.output_len} + "
         f"{TEMPLATE_HEADROOM} for the chat template"
     )
 
