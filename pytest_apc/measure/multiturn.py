@@ -192,12 +192,16 @@ class TurnRun:
     def measure_repeat(self, r: int, name: str) -> tuple[Repeat, list[TurnRecord]]:
         """One cold repeat (``Bencher.measure_repeat``: one reset, then every round's benchmarks), its rounds
         merged into one repeat and one ``TurnRecord`` each."""
-        benchmarks: list[Benchmark] = []
         spans: list[int] = []  # how many benchmarks each round has
-        for t in range(self.conv.turns):
-            parts = self.round_benchmarks(t, name)
-            benchmarks += parts
-            spans.append(len(parts))
+
+        def benchmarks() -> list[Benchmark]:
+            made: list[Benchmark] = []
+            for t in range(self.conv.turns):
+                parts = self.round_benchmarks(t, name)
+                made += parts
+                spans.append(len(parts))
+            return made
+
         done = self.bencher.measure_repeat(self.key, self.deployment, benchmarks)
         results: list[dict[str, Any]] = []
         deltas: list[metrics.Delta | None] = []
@@ -228,7 +232,6 @@ class TurnRun:
         per request, its messages, the server's token count and, behind a router, the conversation's id."""
         requests, tokens = self.rounds.messages[t], self.rounds.tokens[t]
         parts = round_parts(t, len(requests), bool(self.key.route))
-        self.bencher.bench_dir.mkdir(parents=True, exist_ok=True)
         benchmarks = []
         for i, (lo, hi) in enumerate(parts):
             part = f"{name}-t{t}" + (f"-{i + 1}" if len(parts) > 1 else "")

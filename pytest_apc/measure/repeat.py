@@ -10,7 +10,7 @@ A failed scrape is not a failed run: the repeat keeps its benchmark and says why
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,13 +62,16 @@ class Bencher:
     bench_dir: Path
     timeout: float
 
-    def measure_repeat(self, key: RunKey, deployment: Deployment, benchmarks: Sequence[Benchmark]) -> RepeatRun:
-        """Route, reset, then each benchmark between two idle scrapes (the module's docstring)."""
+    def measure_repeat(
+        self, key: RunKey, deployment: Deployment, benchmarks: Callable[[], Sequence[Benchmark]]
+    ) -> RepeatRun:
+        """Route, reset, then each benchmark between two idle scrapes (the module's docstring). The
+        benchmarks are made once the repeat is routed: a launched router's URL is known only then."""
         router_command = deployment.route(key.route) if key.route else ""
         reset = deployment.reset_prefix_cache() if key.apc else None
         self.bench_dir.mkdir(parents=True, exist_ok=True)
         errors: list[str] = []
-        counted = [self._count(deployment, benchmark, errors) for benchmark in benchmarks]
+        counted = [self._count(deployment, benchmark, errors) for benchmark in benchmarks()]
         return RepeatRun(router_command, reset, counted, errors[-1] if errors else None)
 
     def _count(self, deployment: Deployment, benchmark: Benchmark, errors: list[str]) -> Counted:

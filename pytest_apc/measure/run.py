@@ -84,19 +84,21 @@ class Measurer:
     def _once(self, key: RunKey, workload: Workload, deployment: Deployment, name: str, last: bool) -> Repeat:
         """One cold repeat of one benchmark (the last one also keeps the prompts it sent, for the answers
         probe)."""
-        argv = bench_args(
-            workload,
-            key,
-            base_url=deployment.url,
-            model=self.model,
-            tokenizer=self.settings.tokenizer,
-            served_model_name=deployment.served_model_name,
-            result_dir=self.bench_dir,
-            result_filename=f"{name}.json",
-        )
-        done = self.bencher.measure_repeat(
-            key, deployment, [Benchmark(argv, name, workload.num_prompts, keep_prompts=last)]
-        )
+
+        def benchmark() -> list[Benchmark]:
+            argv = bench_args(
+                workload,
+                key,
+                base_url=deployment.url,
+                model=self.model,
+                tokenizer=self.settings.tokenizer,
+                served_model_name=deployment.served_model_name,
+                result_dir=self.bench_dir,
+                result_filename=f"{name}.json",
+            )
+            return [Benchmark(argv, name, workload.num_prompts, keep_prompts=last)]
+
+        done = self.bencher.measure_repeat(key, deployment, benchmark)
         counted = done.counted[0]
         outcome = counted.outcome
         return Repeat(
