@@ -28,10 +28,10 @@ from pytest_apc.config import Settings
 from pytest_apc.serving.client import http_session
 from pytest_apc.serving.command import ENV_PLACEHOLDER, build_command
 from pytest_apc.serving.endpoint import Endpoint, Reach
-from pytest_apc.serving.environment import own_variables, server_env
 from pytest_apc.serving.fleet import Fleet
 from pytest_apc.serving.gpus import cuda_visible_devices, gpu_memory_used_mib
 from pytest_apc.serving.interface import Deployment, ServerError
+from pytest_apc.serving.launch_env import own_variables, server_env
 from pytest_apc.serving.router import Router
 from pytest_apc.serving.server import ExternalServer, LaunchedServer
 from pytest_apc.workload import offload
