@@ -1,12 +1,13 @@
-"""One multi-turn run (cases M/L): per cold repeat, reset the cache once, then one benchmark run per round
-(turn t of every conversation), each between two idle scrapes, so that the counters give the hits of
-every turn index on their own.
+"""One multi-turn run (cases M/L): per cold repeat (``repeat.Bencher.measure_repeat``), reset the cache once,
+then one benchmark run per round (turn t of every conversation), each between two idle scrapes, so that
+the counters give the hits of every turn index on their own.
 
-Every request is tokenized by the server it goes to (``/tokenize`` with its messages, as the chat endpoint
-renders them), and written to a ``custom`` dataset file of vLLM's benchmark as a message list (see
-``bench_worker.chat_samples``). The round is the barrier that makes the prediction exact: a conversation's next
-turn is sent only after every request of the previous round finished; the first round sends its first
-request on its own (``round_parts``), so that the global prefix is cached before the others look it up.
+Every request is tokenized by the deployment (``Deployment.tokenize``: ``/tokenize`` with its messages, as
+the chat endpoint renders them; a fleet's first replica), and written to a ``custom`` dataset file of
+vLLM's benchmark as a message list (see ``bench_worker.chat_samples``). The round is the barrier that
+makes the prediction exact: a conversation's next turn is sent only after every request of the previous
+round finished; the first round sends its first request on its own (``round_parts``), so that the global
+prefix is cached before the others look it up.
 """
 
 from __future__ import annotations
@@ -192,17 +193,12 @@ class TurnRun:
     def measure_repeat(self, r: int, name: str) -> tuple[Repeat, list[TurnRecord]]:
         """One cold repeat (``Bencher.measure_repeat``: one reset, then every round's benchmarks), its rounds
         merged into one repeat and one ``TurnRecord`` each."""
-        spans: list[int] = []  # how many benchmarks each round has
-
-        def benchmarks() -> list[Benchmark]:
-            made: list[Benchmark] = []
-            for t in range(self.conv.turns):
-                parts = self.round_benchmarks(t, name)
-                made += parts
-                spans.append(len(parts))
-            return made
-
-        done = self.bencher.measure_repeat(self.key, self.deployment, benchmarks)
+        indices = range(self.conv.turns)
+        routed = bool(self.key.route)
+        spans = [len(round_parts(t, len(self.rounds.messages[t]), routed)) for t in indices]  # benchmarks per round
+        done = self.bencher.measure_repeat(
+            self.key, self.deployment, lambda: [b for t in indices for b in self.round_benchmarks(t, name)]
+        )
         results: list[dict[str, Any]] = []
         deltas: list[metrics.Delta | None] = []
         replica_deltas: list[dict[str, metrics.Delta]] = []
