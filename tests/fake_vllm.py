@@ -70,7 +70,7 @@ Fault switches:
     --fake-refuse=FLAG          (repeatable) refuse FLAG as vLLM's argument parser refuses a flag it does not
                                 know: when FLAG is on the command line, print "error: unrecognized arguments:
                                 FLAG" and exit with code 2 at once
-    --fake-bench-worker         be pytest-apc's benchmark worker (python -m pytest_apc.measure.bench --worker)
+    --fake-bench-worker         be pytest-apc's benchmark worker (python -m pytest_apc.measure.bench_worker --worker)
                                 instead of a server: after the start-up switches (--fake-startup-delay,
                                 --fake-crash-on-start, --fake-children, --fake-ignore-sigterm, --fake-refuse)
                                 the real worker takes over (exec), or with --fake-hang it reads the first
@@ -651,7 +651,7 @@ def bench_worker(hang: bool) -> int:
     or one that reads a request (one JSON object a line), says so in the run's log and never answers."""
     if not hang:
         log("INFO fake benchmark worker: the real worker takes over")
-        os.execv(sys.executable, [sys.executable, "-m", "pytest_apc.measure.bench", "--worker"])
+        os.execv(sys.executable, [sys.executable, "-m", "pytest_apc.measure.bench_worker", "--worker"])
     request = json.loads(sys.stdin.readline() or "{}")
     if "log" in request:
         with open(request["log"], "a") as run_log:

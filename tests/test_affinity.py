@@ -179,7 +179,8 @@ def test_case_m_behind_the_router_runs_once_per_policy_at_the_highest_level() ->
 def test_the_conversation_id_is_the_request_id_and_no_session_header_is_sent(tmp_path) -> None:
     from types import SimpleNamespace
 
-    from pytest_apc.measure.bench import bench_args, chat_samples
+    from pytest_apc.measure.bench import bench_args
+    from pytest_apc.measure.bench_worker import chat_samples
     from pytest_apc.measure.multiturn import conversation_id
     from pytest_apc.workload.cases import workload_for
     from tests.conftest import default_settings

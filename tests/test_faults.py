@@ -628,7 +628,7 @@ def test_a_tokenizer_alone_launches_nothing_and_says_so(pytester, tmp_path) -> N
     without --apc-url-on/off) fails its runs naming the missing model, before any command line is built."""
     from pytest_apc import config as apc_config
     from pytest_apc.serving.deployment import deployment_for
-    from pytest_apc.serving.server import ServerError
+    from pytest_apc.serving.interface import ServerError
     from pytest_apc.workload.cases import ServerMode
 
     fleet = ("--apc-fleet-url=http://gw:80", "--apc-metrics-url=http://r1:8000", "--apc-metrics-url=http://r2:8000")
@@ -642,11 +642,13 @@ def test_only_servers_run_elsewhere_are_held_to_the_context_of_their_runs(pytest
     collection): only a server run elsewhere is held to the longest request of its runs at readiness."""
     from pytest_apc import config as apc_config
     from pytest_apc.serving.deployment import deployment_for
-    from pytest_apc.workload.cases import RunKey, ServerMode
+    from pytest_apc.workload.cases import RunKey, ServerMode, workload_for
+    from pytest_apc.workload.plan import PlannedRun
 
     settings = apc_config.resolve(pytester.parseconfig("--cpu-node", "--apc-url-on=http://on:8000"), environ={})
-    on = deployment_for(ServerMode(True), settings, "/m", tmp_path, lambda message: None, [RunKey("D", 8)])
-    off = deployment_for(ServerMode(False), settings, "/m", tmp_path, lambda message: None, [RunKey("C", 8)])
+    d8, c8 = (PlannedRun(RunKey(case, 8), workload_for("pure", settings)) for case in "DC")
+    on = deployment_for(ServerMode(True), settings, "/m", tmp_path, lambda message: None, [d8])
+    off = deployment_for(ServerMode(False), settings, "/m", tmp_path, lambda message: None, [c8])
     assert (on.how.min_model_len, on.how.min_model_len_why) == (  # type: ignore[attr-defined]
         2048 + 64 + 16 + 256,
         "run D-c8: prompt 2112 + output 16 + 256 for the chat template",

@@ -15,8 +15,9 @@ from pytest_apc import config
 from pytest_apc.serving import metrics, process
 from pytest_apc.serving.deployment import deployment_for, replica_gpus
 from pytest_apc.serving.fleet import Fleet
+from pytest_apc.serving.interface import ServerError
 from pytest_apc.serving.router import Router, RouterError
-from pytest_apc.serving.server import ExternalServer, LaunchedServer, ServerError
+from pytest_apc.serving.server import ExternalServer, LaunchedServer
 from pytest_apc.workload.cases import DATA_PARALLEL, EXTERNAL_FLEET, RunKey, ServerMode, Workload, predict
 from pytest_apc.workload.plan import fleet_routes
 

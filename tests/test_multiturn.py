@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from pytest_apc.measure.bench import chat_samples
+from pytest_apc.measure.bench_worker import chat_samples
 from pytest_apc.measure.multiturn import merged_bench, prediction, sum_deltas
 from pytest_apc.measure.records import Repeat, RunRecord
 from pytest_apc.serving.interface import ServerInfo

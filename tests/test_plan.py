@@ -233,9 +233,12 @@ def test_every_launched_server_of_a_session_gets_room_for_the_longest_planned_re
     one (B, D, F) only at the same --max-model-len."""
     from pytest_apc.serving.deployment import deployment_for
     from pytest_apc.serving.server import LaunchedServer
+    from pytest_apc.workload.cases import workload_for
+    from pytest_apc.workload.plan import PlannedRun
 
     def max_model_len(mode: ServerMode, keys: list[RunKey], planned: list[RunKey]) -> str:
-        server = deployment_for(mode, settings(), "/m", tmp_path, lambda message: None, keys, planned)
+        runs = [PlannedRun(key, workload_for(key.family, settings())) for key in keys]
+        server = deployment_for(mode, settings(), "/m", tmp_path, lambda message: None, runs, planned)
         assert isinstance(server, LaunchedServer)
         command = server._command_for_port(8000)
         return command[command.index("--max-model-len") + 1]

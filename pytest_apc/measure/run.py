@@ -1,11 +1,8 @@
-"""One measured run on a ready deployment: ``--apc-repeats`` cold repeats of
-
-    route (a fleet: the router's policy) -> reset the prefix cache (APC on; every replica; verified)
-    -> scrape /metrics -> vLLM's benchmark
-    -> wait until the server is idle -> scrape again -> keep the counter deltas
-
-then the answers probe (a few prompts sent again, with and without the cache: measure/answers.py), and
-the hit prediction for the run, made from the server's block size and chat-template header.
+"""One measured run on a ready deployment: ``--apc-repeats`` cold repeats (each one benchmark, measured by
+``repeat.Bencher.measure_repeat``: route, reset, idle scrape, benchmark, idle scrape, deltas; a multi-turn
+run: one benchmark per round, ``multiturn.measure``), then the answers probe (a few prompts sent again,
+with and without the cache: measure/answers.py), and the hit prediction for the run, made from the
+server's block size and chat-template header.
 """
 
 from __future__ import annotations
@@ -19,11 +16,12 @@ from pytest_apc.measure import multiturn
 from pytest_apc.measure.answers import Probe, ProbeError, run_probe
 from pytest_apc.measure.bench import BenchRunner, bench_args
 from pytest_apc.measure.records import Repeat, RunRecord
-from pytest_apc.serving import metrics
+from pytest_apc.measure.repeat import Bencher, Benchmark
+from pytest_apc.serving.client import http_session
 from pytest_apc.serving.deployment import Deployment
-from pytest_apc.serving.server import http_session
 from pytest_apc.workload import eviction
-from pytest_apc.workload.cases import RunKey, Workload, predict, workload_for
+from pytest_apc.workload.cases import RunKey, Workload, predict
+from pytest_apc.workload.plan import PlannedRun
 
 
 class Measurer:
@@ -31,15 +29,15 @@ class Measurer:
 
     def __init__(self, settings: Settings, bench: BenchRunner, model: str, bench_dir: Path) -> None:
         self.settings = settings
-        self.bench = bench
         self.model = model
         self.bench_dir = bench_dir
+        self.bencher = Bencher(bench, bench_dir, settings.bench_timeout)
 
-    def run(self, key: RunKey, deployment: Deployment) -> RunRecord:
+    def run(self, run: PlannedRun, deployment: Deployment) -> RunRecord:
+        key, workload = run.key, run.workload
         if key.family == "multiturn":
-            return multiturn.measure(key, deployment, self.settings, self.bench, self.model, self.bench_dir)
+            return multiturn.measure(key, workload, deployment, self.settings, self.bencher, self.model)
         started = time.monotonic()
-        workload = workload_for(key.family, self.settings)
         repeats = self.settings.repeats
         names = [f"{key.id}-r{i + 1}" if repeats > 1 else key.id for i in range(repeats)]
         results = [self._once(key, workload, deployment, name, last=name == names[-1]) for name in names]
@@ -84,49 +82,29 @@ class Measurer:
         return probes, None
 
     def _once(self, key: RunKey, workload: Workload, deployment: Deployment, name: str, last: bool) -> Repeat:
-        """One cold run (the last one also keeps the prompts it sent, for the answers probe)."""
-        router_command = deployment.route(key.route) if key.route else ""
-        reset = deployment.reset_prefix_cache() if key.apc else None
-        deployment.check_alive("before the run")
-        before: metrics.Snapshot | None
-        metrics_error: str | None = None
-        try:
-            before = deployment.wait_idle()
-        except metrics.MetricsError as err:
-            before, metrics_error = None, str(err)
-        self.bench_dir.mkdir(parents=True, exist_ok=True)
-        argv = bench_args(
-            workload,
-            key,
-            base_url=deployment.url,
-            model=self.model,
-            tokenizer=self.settings.tokenizer,
-            served_model_name=deployment.served_model_name,
-            result_dir=self.bench_dir,
-            result_filename=f"{name}.json",
-        )
-        outcome = self.bench.run(
-            argv,
-            self.bench_dir / f"{name}.json",
-            workload.num_prompts,
-            self.bench_dir / f"{name}.log",
-            self.settings.bench_timeout,
-            watch=deployment.watch,
-            prompts_path=self.bench_dir / f"{name}.prompts.json" if last else None,
-        )
-        deployment.check_alive("after the benchmark")
-        delta, parts = None, {}
-        if before is not None:
-            try:
-                after = deployment.wait_idle()
-                # The parts first: a replica that restarted is named, not only the fleet's sum.
-                parts = metrics.part_deltas(before, after)
-                delta = metrics.delta(before, after)
-            except metrics.MetricsError as err:
-                metrics_error = str(err)
-        path = str(outcome.result_path)
-        groups = list(outcome.prompt_groups)
-        return Repeat(outcome.result, delta, metrics_error, reset, path, outcome.command, parts, router_command, groups)
+        """One cold repeat of one benchmark (the last one also keeps the prompts it sent, for the answers
+        probe)."""
+
+        def benchmark() -> list[Benchmark]:
+            argv = bench_args(
+                workload,
+                key,
+                base_url=deployment.url,
+                model=self.model,
+                tokenizer=self.settings.tokenizer,
+                served_model_name=deployment.served_model_name,
+                result_dir=self.bench_dir,
+                result_filename=f"{name}.json",
+            )
+            return [Benchmark(argv, name, workload.num_prompts, keep_prompts=last)]
+
+        done = self.bencher.measure_repeat(key, deployment, benchmark)
+        counted = done.counted[0]
+        outcome = counted.outcome
+        return Repeat(
+            outcome.result, counted.delta, done.metrics_error, done.reset, str(outcome.result_path), outcome.command,
+            counted.parts or {}, done.router_command, list(outcome.prompt_groups),
+        )  # fmt: skip
 
 
 def replay_local_hits(record: RunRecord) -> int | None:

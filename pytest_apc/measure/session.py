@@ -24,13 +24,12 @@ from pytest_apc.measure.run import Measurer
 from pytest_apc.measure.store import RunStore
 from pytest_apc.serving import metrics
 from pytest_apc.serving.deployment import Deployment, deployment_for, served_model
-from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.interface import ServerError, ServerInfo
 from pytest_apc.serving.logwatch import tail
 from pytest_apc.serving.preflight import missing_requirement
-from pytest_apc.serving.server import ServerError
 from pytest_apc.workload.cases import OFFLOAD_TIER, RunKey, ServerMode, workload_for
 from pytest_apc.workload.offload import OffloadSizes
-from pytest_apc.workload.plan import Plan
+from pytest_apc.workload.plan import Plan, PlannedRun
 
 # What makes one run fail without stopping the others on the same deployment.
 RUN_ERRORS = (BenchError, ServerError, metrics.MetricsError, OSError, ValueError)
@@ -98,14 +97,15 @@ class ApcSession:
     # -- one mode: deployment up, every planned run, deployment down -------------------------------------
 
     def _measure_mode(self, mode: ServerMode) -> None:
-        keys = self.plan.runs_on(mode)
+        # Each run's workload, built once: the deployment is sized for it and the measurement sends it.
+        runs = [PlannedRun(key, workload_for(key.family, self.settings)) for key in self.plan.runs_on(mode)]
         self.measured.done_modes.add(mode)
         self._stop_active()
         missing = missing_requirement(mode, self.settings)
         if missing:
-            self._fail_runs(keys, missing)
+            self._fail_runs(runs, missing)
             return
-        deployment = self._start(mode, keys)
+        deployment = self._start(mode, runs)
         if deployment is None:
             return
         try:
@@ -115,26 +115,26 @@ class ApcSession:
                 return
             self._probe_chat_header(deployment)
             self._check_offload_sizes(deployment.info)
-            keys = self._check_kv_capacity(keys, deployment.info)
+            runs = self._check_kv_capacity(runs, deployment.info)
             self.publish()
-            self._measure_runs(keys, deployment)
+            self._measure_runs(runs, deployment)
         finally:
             with self._server_time():
                 self._stop_active()
             self.publish()
 
-    def _start(self, mode: ServerMode, keys: list[RunKey]) -> Deployment | None:
+    def _start(self, mode: ServerMode, runs: list[PlannedRun]) -> Deployment | None:
         """A ready deployment for ``mode``, or None with every run of it failed (naming why)."""
         try:
             deployment = deployment_for(
-                mode, self.settings, self.model(), self.run_dir, self.progress, keys, sorted(self.plan.keys)
+                mode, self.settings, self.model(), self.run_dir, self.progress, runs, sorted(self.plan.keys)
             )
         except ServerError as err:
-            self._fail_runs(keys, f"the {mode.name} deployment cannot be made: {err}")
+            self._fail_runs(runs, f"the {mode.name} deployment cannot be made: {err}")
             return None
         if deployment.launched:
             self.measured.launches[mode.name] = self.measured.launches.get(mode.name, 0) + 1
-            self.progress(f"{mode.name}: launching ({len(keys)} runs planned)")
+            self.progress(f"{mode.name}: launching ({len(runs)} runs planned)")
         else:
             self.progress(f"{mode.name}: using the external server {deployment.url}")
         self._bench_runner().prewarm()  # vLLM's import overlaps the server start-up
@@ -144,7 +144,7 @@ class ApcSession:
             except ServerError as err:
                 deployment.stop()
                 self.measured.servers[mode.name] = deployment.info
-                self._fail_runs(keys, f"the {mode.name} server could not start:\n{err}")
+                self._fail_runs(runs, f"the {mode.name} server could not start:\n{err}")
                 self.publish()
                 return None
         self._active = deployment
@@ -155,13 +155,14 @@ class ApcSession:
         )
         return deployment
 
-    def _measure_runs(self, keys: list[RunKey], deployment: Deployment) -> None:
+    def _measure_runs(self, runs: list[PlannedRun], deployment: Deployment) -> None:
         """Each run on its own: one that fails is an error of that run; once the server is gone, the
         remaining runs are errors naming the first failure."""
         measurer = Measurer(self.settings, self._bench_runner(), self.model(), self.run_dir / "bench")
         name = deployment.mode.name
         first_failure: str | None = None
-        for key in keys:
+        for run in runs:
+            key = run.key
             if first_failure and not deployment.alive():
                 self.measured.errors[key] = (
                     f"run {key.id} was not measured: the {name} server is no longer running; "
@@ -171,7 +172,7 @@ class ApcSession:
             self.on_run(key, None)
             started = time.monotonic()
             try:
-                self.measured.records[key] = measurer.run(key, deployment)
+                self.measured.records[key] = measurer.run(run, deployment)
             except RUN_ERRORS as err:
                 alive = deployment.alive()
                 # A ServerError carries the log tail already.
@@ -193,21 +194,20 @@ class ApcSession:
             info.chat_header_error = f"/tokenize failed: {err}"
             self._warn(f"{info.mode}: {info.chat_header_error}; cached tokens cannot be predicted for its runs")
 
-    def _check_kv_capacity(self, keys: list[RunKey], info: ServerInfo) -> list[RunKey]:
+    def _check_kv_capacity(self, runs: list[PlannedRun], info: ServerInfo) -> list[PlannedRun]:
         """Warn (or fail the runs) when concurrency x prompt blocks exceeds the server's KV-cache blocks."""
         if not info.block_size or not info.num_gpu_blocks:
-            return keys
+            return runs
         kept = []
-        for key in keys:
+        for run in runs:
+            key = run.key
             if key.family == "offload":  # its GPU cache is too small on purpose
-                kept.append(key)
+                kept.append(run)
                 continue
-            per_request = workload_for(key.family, self.settings).kv_blocks_per_request(
-                info.chat_header_tokens or 0, info.block_size
-            )
+            per_request = run.workload.kv_blocks_per_request(info.chat_header_tokens or 0, info.block_size)
             blocks = key.concurrency * per_request
             if blocks <= info.num_gpu_blocks:
-                kept.append(key)
+                kept.append(run)
                 continue
             message = (
                 f"run {key.id}: concurrency {key.concurrency} x {per_request} blocks per request "
@@ -218,7 +218,7 @@ class ApcSession:
             if self.settings.kv_check == "fail":
                 self.measured.errors[key] = message + " (--apc-kv-check=fail: not measured)"
             else:
-                kept.append(key)
+                kept.append(run)
         return kept
 
     def _check_offload_sizes(self, info: ServerInfo) -> None:
@@ -253,9 +253,9 @@ class ApcSession:
                 self.measured.errors[key] = f"run {key.id} was not measured: {message}"
         self.measured.done_modes.update(self.plan.modes())
 
-    def _fail_runs(self, keys: list[RunKey], message: str) -> None:
-        for key in keys:
-            self.measured.errors[key] = message
+    def _fail_runs(self, runs: list[PlannedRun], message: str) -> None:
+        for run in runs:
+            self.measured.errors[run.key] = message
 
     def _warn(self, message: str) -> None:
         self.measured.warnings.append(message)

@@ -25,32 +25,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from pytest_apc.config import Settings
+from pytest_apc.serving.client import http_session
+from pytest_apc.serving.command import ENV_PLACEHOLDER, build_command
+from pytest_apc.serving.endpoint import Endpoint, Reach
 from pytest_apc.serving.fleet import Fleet
 from pytest_apc.serving.gpus import cuda_visible_devices, gpu_memory_used_mib
-from pytest_apc.serving.interface import Deployment
+from pytest_apc.serving.interface import Deployment, ServerError
+from pytest_apc.serving.launch_env import own_variables, server_env
 from pytest_apc.serving.router import Router
-from pytest_apc.serving.server import (
-    ENV_PLACEHOLDER,
-    Endpoint,
-    ExternalServer,
-    LaunchedServer,
-    Reach,
-    ServerError,
-    build_command,
-    http_session,
-    own_variables,
-    server_env,
-)
+from pytest_apc.serving.server import ExternalServer, LaunchedServer
 from pytest_apc.workload import fit, offload
-from pytest_apc.workload.cases import (
-    DATA_PARALLEL,
-    EXTERNAL_FLEET,
-    RunKey,
-    ServerMode,
-    workload_for,
-)
+from pytest_apc.workload.cases import DATA_PARALLEL, EXTERNAL_FLEET, RunKey, ServerMode, Workload
 from pytest_apc.workload.fit import TEMPLATE_HEADROOM, launch_len, request_tokens, room_for
 from pytest_apc.workload.offload import OffloadSizeError, OffloadSizes
+from pytest_apc.workload.plan import PlannedRun
 from pytest_apc.workload.vllm_loader import LOAD_FORMAT
 
 
@@ -60,12 +48,13 @@ def deployment_for(
     model: str,
     run_dir: Path,
     progress: Callable[[str], None],
-    keys: Sequence[RunKey] = (),
+    runs: Sequence[PlannedRun] = (),
     planned: Sequence[RunKey] = (),
 ) -> Deployment:
-    """The deployment that serves ``mode`` under these settings, for the runs ``keys`` (of the session's
-    ``planned`` runs, whose longest request sets a launched server's context)."""
-    need, why = context_needed(keys, settings)
+    """The deployment that serves ``mode`` under these settings, for ``runs`` (a small-cache server is sized
+    for their workload), of the session's ``planned`` runs, whose longest request sets a launched server's
+    context."""
+    need, why = context_needed(runs)
     how = Reach(
         served_model_name=settings.served_model_name,
         log_path=run_dir / f"server-{mode.name}.log",
@@ -78,6 +67,7 @@ def deployment_for(
     # and its own context. Launched servers get the context fit.launch_len gives them, and the plugin checks
     # the selected runs against it at collection (fit.check).
     named = settings.served_model_name if given(settings, "served_model_name") else ""
+    keys = [run.key for run in runs]
     context = launch_len(settings, planned or keys)
     elsewhere = replace(
         how, served_model_name=named, min_model_len=need, min_model_len_why=why,
@@ -89,8 +79,11 @@ def deployment_for(
         return replace(how, log_path=run_dir / f"server-{mode.name}-r{index + 1}.log")
 
     if mode.cache:
+        if not runs:
+            raise ServerError(f"the {mode.name} server is sized for the workload of its runs, and none is planned")
+        workload = runs[0].workload  # every run of a small-cache server sends its family's workload
         try:
-            sized = offload_sizes(settings, model, mode.cache_family)
+            sized = offload_sizes(settings, model, workload)
         except OffloadSizeError as err:
             raise ServerError(
                 f"{err}; give the sizes instead (--apc-offload-gpu-blocks and --apc-offload-tier-gib)"
@@ -98,7 +91,7 @@ def deployment_for(
         # vLLM refuses a GPU cache smaller than one request of --max-model-len: the offload case's own length.
         server = launched_server(
             mode, settings, model, how, tensor_parallel=tensor_parallel_size(settings), extra=sized.server_args(mode),
-            model_len=room_for(request_tokens(workload_for(mode.cache_family, settings))),
+            model_len=room_for(request_tokens(workload)),
         )  # fmt: skip
         server.info.offload = sized.as_dict()
         return server
@@ -250,13 +243,13 @@ def external_url(mode: ServerMode, settings: Settings) -> str:
     return settings.url_on if mode.apc else settings.url_off
 
 
-def offload_sizes(settings: Settings, model: str, family: str = "offload") -> OffloadSizes:
-    """The GPU cache and CPU tier of the small-cache servers of ``family`` (the offload case's, or the
-    multi-turn case's, sized for its conversations: offload.py), from the model's config. The sizes given by
-    --apc-offload-gpu-blocks / --apc-offload-tier-gib are the offload case's alone."""
-    multiturn = family == "multiturn"
+def offload_sizes(settings: Settings, model: str, workload: Workload) -> OffloadSizes:
+    """The GPU cache and CPU tier of the small-cache servers of ``workload``'s family (the offload case's, or
+    the multi-turn case's, sized for its conversations: offload.py), from the model's config. The sizes given
+    by --apc-offload-gpu-blocks / --apc-offload-tier-gib are the offload case's alone."""
+    multiturn = workload.family == "multiturn"
     return offload.sizes(
-        workload_for(family, settings), offload.model_config(model), tuple(settings.server_arg), TEMPLATE_HEADROOM,
+        workload, offload.model_config(model), tuple(settings.server_arg), TEMPLATE_HEADROOM,
         gpu_blocks=0 if multiturn else settings.offload_gpu_blocks,
         tier_gib=0.0 if multiturn else settings.offload_tier_gib,
         outputs=settings.multiturn_turns if multiturn else 1,
@@ -269,13 +262,13 @@ def given(settings: Settings, name: str) -> bool:
     return settings.sources.get(name, "default") != "default"
 
 
-def context_needed(keys: Sequence[RunKey], settings: Settings) -> tuple[int, str]:
-    """The context the longest request of ``keys`` needs: its prompt and output plus TEMPLATE_HEADROOM for
+def context_needed(runs: Sequence[PlannedRun]) -> tuple[int, str]:
+    """The context the longest request of ``runs`` needs: its prompt and output plus TEMPLATE_HEADROOM for
     the chat template (the room launched servers get), and how that adds up, in words; (0, "") for none."""
-    if not keys:
+    if not runs:
         return 0, ""
-    run, workload = fit.longest(settings, keys)
-    return fit.need(workload), f"run {run}: {fit.need_in_words(workload)}"
+    longest = max(runs, key=lambda run: fit.request_tokens(run.workload))
+    return fit.need(longest.workload), f"run {longest.key.id}: {fit.need_in_words(longest.workload)}"
 
 
 def server_python(settings: Settings) -> str:

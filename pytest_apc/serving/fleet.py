@@ -28,10 +28,11 @@ from pathlib import Path
 import requests
 
 from pytest_apc.serving import metrics, probe
-from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.endpoint import Endpoint
+from pytest_apc.serving.interface import ServerError, ServerInfo
 from pytest_apc.serving.router import Router, RouterError
-from pytest_apc.serving.server import Endpoint, ServerError
 from pytest_apc.workload.cases import ServerMode
+from pytest_apc.workload.multiturn import Message
 
 # What replicas of one fleet must agree on to be measured as one (the cache_config_info labels).
 MUST_AGREE = ("block_size", "enable_prefix_caching", "prefix_caching_hash_algo")
@@ -236,6 +237,11 @@ class Fleet:
     def wait_idle(self) -> metrics.Snapshot:
         return self._each(lambda replica: replica.wait_idle())
 
+    def tokenize(self, messages: Sequence[Message]) -> list[int]:
+        """The first replica's tokens (they serve one model; a router need not pass /tokenize on, and must
+        not count it as routed)."""
+        return self.replicas[0].tokenize(messages)
+
     def chat_header_tokens(self) -> int:
-        """The first replica's (they serve one model; a router need not pass /tokenize on)."""
+        """The first replica's (they serve one model)."""
         return self.replicas[0].chat_header_tokens()

@@ -1,17 +1,24 @@
-"""What the session needs from whatever serves one APC mode, declared once: one server (``server.py``:
-``Endpoint`` and its kinds subclass it) or a fleet of them (``fleet.py``); ``deployment.py`` picks the kind.
+"""What the session needs from whatever serves one APC mode, declared once: one server (``endpoint.py``:
+``Endpoint``, and its kinds in ``server.py``, subclass it) or a fleet of them (``fleet.py``);
+``deployment.py`` picks the kind.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_apc.serving import metrics
 from pytest_apc.workload.cases import ServerMode
+from pytest_apc.workload.multiturn import Message
 
 EXTERNAL = "(external)"  # ServerInfo.command of a server given by URL
+
+
+class ServerError(RuntimeError):
+    """A server that could not start, died, or answered what it must not."""
 
 
 @dataclass
@@ -90,8 +97,13 @@ class Deployment(Protocol):
         """A scrape once nothing runs and the counters have settled."""
         ...
 
+    def tokenize(self, messages: Sequence[Message]) -> list[int]:
+        """The prompt token ids it prefills for ``messages`` (the chat template applied); never routed, so
+        that a router does not count it as a request."""
+        ...
+
     def chat_header_tokens(self) -> int:
-        """Tokens the chat template puts before every prompt."""
+        """Tokens the chat template puts before every prompt (from ``tokenize``)."""
         ...
 
     def stop(self) -> None:

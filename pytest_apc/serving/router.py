@@ -11,7 +11,7 @@ from pathlib import Path
 import requests
 
 from pytest_apc.serving.executor import Executor, free_port
-from pytest_apc.serving.server import ServerError
+from pytest_apc.serving.interface import ServerError
 
 # What the `fleet` extra installs (pyproject.toml; a test keeps the two alike): pytest-apc is on no package index,
 # so the message names the router itself.

@@ -24,6 +24,7 @@ from pytest_apc.workload.cases import (
     TIER_VARIANTS,
     RunKey,
     ServerMode,
+    Workload,
 )
 from pytest_apc.workload.models import SHAPES
 
@@ -50,6 +51,15 @@ class Plan:
 
     def modes(self) -> list[ServerMode]:
         return sorted({k.mode for k in self.keys})
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """A planned run and the workload it sends, built once from the settings when its server mode is
+    measured (``session.ApcSession``) and carried from there to the deployment and the measurement."""
+
+    key: RunKey
+    workload: Workload
 
 
 # What no selected test does when a setting that only one family reads (``setting(..., family=...)``) is
