@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pytest_apc import verdicts
 from pytest_apc.__main__ import main
 from pytest_apc.gate import compare as gate
 from pytest_apc.measure.records import Measured, RunRecord
@@ -26,7 +27,6 @@ from pytest_apc.report.controller import report_blocks
 from pytest_apc.results import SCHEMA_PATH, formatting, rows
 from pytest_apc.results import document as results
 from pytest_apc.results.view import ReportView
-from pytest_apc.verdicts import verdict
 from pytest_apc.verdicts.stats import median_interval
 from pytest_apc.workload.cases import RunKey
 from tests.test_verdict import delta, off_delta, record, settings
@@ -45,8 +45,8 @@ def _judged(runs: list[RunRecord], s: Any) -> list[dict[str, Any]]:
     """What the fleet tests record for each run: both verdicts, as the controller gathers them."""
     found = []
     for run in runs:
-        for v, test in ((verdict.fleet_accounting(run), "test_fleet_accounting"),
-                        (verdict.prefix_locality(run, s), "test_prefix_locality")):  # fmt: skip
+        for v, test in ((verdicts.fleet_accounting(run), "test_fleet_accounting"),
+                        (verdicts.prefix_locality(run, s), "test_prefix_locality")):  # fmt: skip
             found.append({**v.to_json(), "test": f"tests_apc/test_fleet.py::{test}[{run.key.id}]",
                           "outcome": "passed" if v.passed else "failed"})  # fmt: skip
     return found

@@ -4,7 +4,7 @@ local hits of a GPU cache too small for the workload (eviction).
 Counters: ``prompt_tokens_by_source`` splits every prompt token into ``local_cache_hit`` (the GPU prefix
 cache), ``external_kv_transfer`` (loaded from the tier) and ``local_compute``; the three add up to the
 prompt tokens. They are the source of truth here, because vLLM's ``prefix_cache_queries``/``hits`` over-count
-under KV-cache pressure (verdict.overcount), which is this case's normal state.
+under KV-cache pressure (diagnoses.overcount), which is this case's normal state.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_apc.measure.records import MeasurementError, RunRecord, tier_hits
-from pytest_apc.verdicts.verdict import Pair, Verdict, overcount, repeat_numbers, window_text
+from pytest_apc.verdicts.diagnoses import overcount, window_text
+from pytest_apc.verdicts.pairs import Pair
+from pytest_apc.verdicts.verdict import Verdict, repeat_numbers
 from pytest_apc.workload.offload import OffloadSizes
 
 
