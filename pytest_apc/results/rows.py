@@ -364,7 +364,7 @@ class FleetRow(MeasuredRow):
         """Case M behind the router: its prefix groups are its conversations, a cold prefill one that computes a
         conversation's history (its first turn, or a turn away from its history), the ideal one per
         conversation and one server's hits; the routing cost what the routing left to compute again."""
-        routed = affinity.of_repeat(run, 0)
+        routed = affinity.routing_of_repeat(run, 0)
         extra = routed.ideal_hits - routed.hits if routed and routed.hits is not None else None
         cost = extra / routed.ideal_hits if routed and extra is not None and routed.ideal_hits > 0 else None
         return cls(
