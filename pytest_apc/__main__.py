@@ -67,7 +67,7 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog=prog,
         description=_wrapped(
-            "Re-read pytest-apc results files (results.json of any schema_version) without a server: print "
+            "Re-read pytest-apc results files (results.json of the current schema_version) without a server: print "
             "a run's validation table, or compare two runs by the rules of --apc-baseline."
         ),
         epilog=EXIT_STATUSES,

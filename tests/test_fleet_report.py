@@ -245,22 +245,6 @@ def test_report_prints_the_fleet_table_of_a_results_file(
     assert any(line.startswith("| consistent_hash ") and "| 30+0 " in line for line in md)
 
 
-def test_report_names_the_fleet_runs_of_a_file_without_the_fleet_block(
-    fleet: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A schema_version 2 file of the fleet tests (written before the fleet block) reads without a table."""
-    doc = _document(fleet.s, fleet.measured, fleet.data)
-    doc["schema_version"] = 2
-    del doc["fleet"]
-    status, lines = _cli(capsys, "report", str(_write(tmp_path, "v2.json", doc)))
-    assert status == 0
-    assert lines[-2] == (
-        "fleet runs R-c8-consistent_hash, R-c8-round_robin: no fleet table in this file (written before "
-        "schema_version 3); their counters are in runs[].repeat_counters[].parts"
-    )
-    assert not any(line.startswith("route ") for line in lines)
-
-
 def test_compare_says_fleet_runs_are_not_gated_only_without_pairs(
     fleet: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

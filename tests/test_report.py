@@ -182,7 +182,7 @@ def test_one_rule_judges_every_kind_of_row() -> None:
 
 def test_every_row_reads_back_from_what_results_json_stores(pytester) -> None:
     """``report FILE`` rebuilds the rows from the file: each kind reads back equal to the row the session
-    built, and a schema_version 1 pair row keeps its hash column in summary.md."""
+    built."""
     s = settings(pytester)
     off = record(s, "C", 8, off_delta(s, "C"), 120.0)
     on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 40.0)
@@ -190,9 +190,6 @@ def test_every_row_reads_back_from_what_results_json_stores(pytester) -> None:
     for built in [*data.pairs, *data.algos]:
         assert type(built).from_json(built.to_json()) == built
     assert [c.header for c in rows.PairRow.markdown_columns()][:3] == ["pair", "conc", "hit?"]
-    legacy = rows.PairRow.from_json({**data.pair_numbers()[0], "hash_algo": None})
-    assert isinstance(legacy, rows.LegacyPairRow)
-    assert [c.header for c in legacy.markdown_columns()][:3] == ["pair", "conc", "hash"]
 
 
 def test_the_p90_ttft_shows_with_v_and_in_summary_md_where_the_runs_have_it(pytester) -> None:

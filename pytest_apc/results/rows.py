@@ -126,12 +126,6 @@ class PairRow(MeasuredRow):
         return self.pair
 
     @classmethod
-    def from_json(cls: type[R], row: Mapping[str, Any]) -> R:
-        if cls is PairRow and "hash_algo" in row:  # schema_version 1 kept hash-algorithm rows among the pairs
-            return LegacyPairRow.from_json(row)  # type: ignore[return-value]
-        return super().from_json(row)
-
-    @classmethod
     def build(cls, off: RunRecord, on: RunRecord, outcomes: Outcomes, settings: Settings) -> PairRow:
         speedup: float | None
         low: float | None
@@ -157,19 +151,6 @@ class PairRow(MeasuredRow):
             answers=answers.compared(on, off).cell, verdict=outcomes.verdict_label({off.key.id, on.key.id}),
             runs=(off, on),
         )  # fmt: skip
-
-
-@dataclass(frozen=True, kw_only=True)
-class LegacyPairRow(PairRow):
-    """A pair row of a schema_version 1 file, which also kept the rows of hash-algorithm servers (named e.g.
-    ``E/F xxhash``) among the pairs, with their algorithm (null for the default's)."""
-
-    hash_algo: str | None = stored("hash")
-
-    @classmethod
-    def markdown_columns(cls, rows: Sequence[Any] = ()) -> list[Column[Any]]:
-        columns = super().markdown_columns(rows)
-        return [*columns[:2], columns[-1], *columns[2:-1]]  # the algorithm beside the concurrency
 
 
 @dataclass(frozen=True, kw_only=True)
