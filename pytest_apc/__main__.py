@@ -85,7 +85,7 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
     top = _Parser(
         prog=prog,
         description=_wrapped(
-            "Re-read pytest-apc results files (results.json of any schema_version) without a server: print "
+            "Re-read pytest-apc results files (results.json of the current schema_version) without a server: print "
             "a run's validation table, or compare two runs by the rules of --apc-baseline."
         ),
         epilog=EXIT_STATUSES,

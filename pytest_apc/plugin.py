@@ -32,7 +32,7 @@ from pytest_apc.measure.session import ApcSession
 from pytest_apc.results import document as results
 from pytest_apc.serving import preflight
 from pytest_apc.serving import process as procs
-from pytest_apc.verdicts.verdict import Pair, Verdict, not_comparable
+from pytest_apc.verdicts import Pair, Verdict, not_comparable
 from pytest_apc.workload import fit
 from pytest_apc.workload.cases import CASE_APC, FAMILY_MARKERS, OWN_MARKER_FAMILIES, RunKey
 from pytest_apc.workload.plan import APC_CASES_OPTIONS, TestUse, check_settings, parametrization, unused_settings

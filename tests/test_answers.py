@@ -14,8 +14,7 @@ import pytest
 from pytest_apc.measure.answers import Answer, Probe, ProbeError, parse_answer, probe_indices, request_body
 from pytest_apc.measure.records import Measured, Repeat, RunRecord
 from pytest_apc.serving.interface import ServerInfo
-from pytest_apc.verdicts import answers
-from pytest_apc.verdicts.verdict import Pair
+from pytest_apc.verdicts import Pair, answers
 from pytest_apc.workload.cases import RunKey, Workload
 
 
@@ -135,7 +134,7 @@ def test_a_cache_that_serves_other_content_fails_with_both_texts_and_the_command
     assert "apc-off server: vllm serve m" in found.message
     assert "curl -s http://h:1/v1/chat/completions" in found.message
     assert found.numbers["first_divergence"]["position"] == 1
-    assert answers.summary(pair.on, pair.off) == "2 DIFFER"
+    assert answers.compared(pair.on, pair.off).cell == "2 DIFFER"
 
 
 def test_no_probe_is_a_failure_not_a_pass(cpu_settings) -> None:
@@ -143,7 +142,7 @@ def test_no_probe_is_a_failure_not_a_pass(cpu_settings) -> None:
     found = answers.same_answers(on)
     assert not found.passed
     assert "HTTP 400" in found.message
-    assert answers.summary(on) == "error"
+    assert answers.compared(on).cell == "error"
     empty = answers.same_answers(run("D", []))
     assert not empty.passed
     assert "no cached answer was probed" in empty.message

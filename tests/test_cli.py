@@ -1,5 +1,5 @@
 """``python -m pytest_apc``: a results file re-read (``report``) and two compared (``compare``), on the committed
-H200 results (schema_version 1) and a schema_version 2 file made from them."""
+H200 results (first written by schema_version 1, migrated) and a file with a hash-algorithm row made from them."""
 
 from __future__ import annotations
 
@@ -47,10 +47,9 @@ def _row_line(lines: list[str], pair: str, concurrency: int) -> str:
     return found[0]
 
 
-def _version_2(tmp_path: Path) -> Path:
-    """The H200 file as schema_version 2 writes it: a hash-algorithm row of its own, and the gate's pair rows."""
+def _with_algorithm(tmp_path: Path) -> Path:
+    """The H200 file with a hash-algorithm row of its own."""
     doc = _doc(H200)
-    doc["schema_version"] = 2
     doc["settings"]["connect_host"] = "127.0.0.1"
     doc["hash_algos"] = [{
         "case": "D", "concurrency": 8, "hash_algo": "xxhash", "default_hash_algo": "sha256",
@@ -58,27 +57,17 @@ def _version_2(tmp_path: Path) -> Path:
         "median_ttft_ms": 351.0, "ttft_ratio": 1.026, "ttft_ratio_low": 0.91, "ttft_ratio_high": 1.12,
         "duration_default_s": 13.8, "duration_s": 14.0, "verdict": "PASS",
     }]  # fmt: skip
-    ok = {"allowed": 0.0, "limit": 1.0, "tolerance": "0%", "result": "ok"}
-    doc["gate"] = {
-        "baseline": "/ci/baseline.json", "failures": [], "compared": len(doc["pairs"]), "regressed": 0,
-        "not_comparable": [],
-        "rows": [{"pair": row["pair"], "concurrency": row["concurrency"], "result": "ok", "metrics": [
-            {"metric": metric, "was": row[key], "now": row[key], **ok}
-            for metric, key in (("ttft_on", "median_ttft_on_ms"), ("speedup", "ttft_speedup"),
-                                ("cached_tokens", "cached_tokens"))
-        ]} for row in doc["pairs"]],
-    }  # fmt: skip
-    return _write(tmp_path, "v2.json", doc)
+    return _write(tmp_path, "algo.json", doc)
 
 
 @pytest.mark.parametrize("path", [H200, H200_HASH], ids=["h200", "hash-sweep"])
-def test_report_prints_every_row_of_a_schema_version_1_file(path: Path) -> None:
+def test_report_prints_every_row_of_a_file_first_written_by_schema_version_1(path: Path) -> None:
     result = _run("report", str(path))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     doc = _doc(path)
-    assert doc["schema_version"] == 1
-    assert lines[0].startswith("apc validation: schema_version 1, started ")
+    assert doc["schema_version"] == 9  # migrated by scripts/migrate_results.py
+    assert lines[0].startswith("apc validation: schema_version 9, started ")
     assert lines[1] == "model llama-3.1-8b-shape-v1-e18e6ae6be32 (gpu profile); TTFT OFF>ON; gain = median TTFT OFF/ON"
     assert len([line for line in lines if " blocks = " in line]) == len(doc["servers"])
     for row in doc["pairs"]:
@@ -101,7 +90,7 @@ def test_report_shows_the_c_d_c8_row_as_measured(capsys: pytest.CaptureFixture[s
     assert "[4.90,17.94]" in _row_line(verbose, "C/D", 8)
 
 
-def test_report_of_a_schema_version_1_hash_sweep_keeps_its_algorithm_rows_among_the_pairs(
+def test_report_of_a_first_version_hash_sweep_keeps_its_algorithm_rows_among_the_pairs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     status, lines, _ = _cli(capsys, "report", str(H200_HASH))
@@ -119,30 +108,27 @@ def test_report_markdown(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(c8) == 1
     header = next(line for line in lines if line.startswith("| pair "))
     cells = dict(zip(*([cell.strip() for cell in line.split("|")[1:-1]] for line in (header, c8[0])), strict=True))
-    assert (cells["hash"], cells["cached tokens"], cells["expected"], cells["hit ratio"], cells["verdict"]) == (
-        "-", "950,736", "950,736", "93.7%", "PASS"
+    assert (cells["cached tokens"], cells["expected"], cells["hit ratio"], cells["verdict"]) == (
+        "950,736", "950,736", "93.7%", "PASS"
     )  # fmt: skip
     assert "- D: pure APC effect" in lines
     assert lines[-1] == f"Verdicts: {len(_doc(H200)['verdicts'])} passed, 0 failed."
 
     status, lines, _ = _cli(capsys, "report", "--markdown", str(H200_HASH))
-    header = next(line for line in lines if line.startswith("| pair "))
-    assert [cell.strip() for cell in header.split("|")[1:4]] == ["pair", "conc", "hash"]  # as v1 wrote it
+    assert any(line.startswith("| E/F xxhash ") for line in lines)  # the algorithm in the pair's name, as v1 wrote it
 
 
-def test_report_of_a_schema_version_2_file_shows_the_algorithms_and_the_gate(
+def test_report_of_a_file_with_hash_algorithm_rows_shows_them(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    status, lines, _ = _cli(capsys, "report", str(_version_2(tmp_path)))
+    status, lines, _ = _cli(capsys, "report", str(_with_algorithm(tmp_path)))
     assert status == 0
-    assert lines[0].startswith("apc validation: schema_version 2")
+    assert lines[0].startswith("apc validation: schema_version 9")
     start = lines.index("hash algorithms vs the default (sha256): cached tokens must be equal")
     assert lines[start + 3].split() == ["D", "xxhash", "8", "950,736/950,736", "342>351", "1.03x", "[0.91,1.12]",
                                         "13.8>14.0", "PASS"]  # fmt: skip
-    start = lines.index("baseline /ci/baseline.json: 6 rows compared, 0 regressed (baseline -> now (limit))")
-    assert all(line.endswith(" ok") for line in lines[start + 3 : start + 9])
 
-    status, md, _ = _cli(capsys, "report", "--markdown", str(tmp_path / "v2.json"))
+    status, md, _ = _cli(capsys, "report", "--markdown", str(tmp_path / "algo.json"))
     assert any(line.startswith("| D ") and "| xxhash " in line and line.endswith("| PASS      |") for line in md)
 
 
@@ -341,8 +327,8 @@ def test_compare_counts_the_runs_it_refused_to_judge(capsys: pytest.CaptureFixtu
 
 
 def test_compare_across_schema_versions(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """A schema_version 1 baseline has one repeat per run: read, and refused for too few repeats (a rule of
-    3 repeats), after the differences of profile and workload that refuse it first."""
+    """A baseline first written by schema_version 1 has one repeat per run: read, and refused for too few
+    repeats (a rule of 3 repeats), after the differences of profile and workload that refuse it first."""
     status, lines, _ = _cli(capsys, "compare", str(H200), str(SAME[0]))
     assert status == 4
     assert any(line.startswith(f"FAIL baseline: not comparable with baseline {H200}: ") for line in lines)
@@ -369,7 +355,12 @@ def test_a_missing_file_is_one_line_and_exit_4(tmp_path: Path) -> None:
     [
         ("[1, 2]", "is not a pytest-apc results file (not a JSON object)"),
         ('{"pairs": []}', "is not a pytest-apc results file (no schema_version)"),
-        ('{"schema_version": 10}', "has schema_version 10; this pytest-apc reads 1, 2, 3, 4, 5, 6, 7, 8, 9"),
+        ('{"schema_version": 10}', "has schema_version 10; this pytest-apc reads 9"),
+        (
+            '{"schema_version": 3}',
+            "has schema_version 3, older than the 9 this pytest-apc reads; migrate it with: "
+            "python scripts/migrate_results.py ",
+        ),
         ("{", "cannot read results file"),
     ],
 )
@@ -422,7 +413,7 @@ def test_a_damaged_results_file_is_one_line_naming_the_field_and_exit_4(
     role = "baseline" if command == "compare" else "results file"
     assert (status, lines) == (4, [])
     assert err.splitlines() == [
-        f"python -m pytest_apc {command}: {role} {path} is not a valid results file of schema_version 4: {message}"
+        f"python -m pytest_apc {command}: {role} {path} is not a valid results file of schema_version 9: {message}"
     ]
 
 

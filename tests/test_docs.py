@@ -88,7 +88,7 @@ def test_h200_pages_quote_their_results_files(sub: str) -> None:
     quoted_blocks = {_num(n) for n in re.findall(r"([\d,]{6,})(?:-[\d,]+)? blocks", page)}
     assert quoted_blocks
     assert quoted_blocks <= blocks
-    rows = {(p["pair"], p["concurrency"]): p for p in data["pairs"] if p["hash_algo"] is None}
+    rows = {(p["pair"], p["concurrency"]): p for p in data["pairs"] if " " not in p["pair"]}  # no algorithm
     quoted_rows = re.findall(r"^\| (A/B|C/D|E/F) \| (\d+) \| ([\d,]+) / ([\d,]+) \|", page, re.MULTILINE)
     assert quoted_rows
     for pair, conc, cached, expected in quoted_rows:
@@ -113,7 +113,7 @@ def test_h200_figures_quoted_on_other_pages_are_the_plugins() -> None:
     results_page = (DOCS / "results.md").read_text()
     assert f"median TTFT of {e['median_ttft_ms']:,.0f} ms OFF and {f['median_ttft_ms']:,.0f} ms ON" in results_page
     assert f"took\n  {e['bench_duration_s']:.1f} s OFF and {f['bench_duration_s']:.1f} s ON" in results_page
-    (ab,) = [p for p in data["pairs"] if p["pair"] == "A/B" and p["hash_algo"] is None]
+    (ab,) = [p for p in data["pairs"] if p["pair"] == "A/B"]
     gain = f"gain {ab['ttft_speedup']:.2f}x [{ab['ttft_speedup_low']:.2f}, {ab['ttft_speedup_high']:.2f}]"
     assert gain in (DOCS / "matrix.md").read_text()
 
@@ -1069,19 +1069,23 @@ def test_paths_in_the_docs_exist() -> None:
 
 
 def test_the_schema_version_the_docs_name_is_the_one_written() -> None:
-    """The results page names the version a run writes, the versions every reader accepts and one table row
-    per version; troubleshooting quotes the reader's message with every version it reads."""
-    from pytest_apc.results.document import SCHEMA_VERSION, SCHEMA_VERSIONS
+    """The results page names the version a run writes and reads, the command that migrates an older file and
+    one table row per version; troubleshooting quotes the reader's messages with the version it reads."""
+    from pytest_apc.results.document import MIGRATE, SCHEMA_VERSION, SCHEMA_VERSIONS
 
     page = _flat((DOCS / "results.md").read_text())
     assert f"(`schema_version` {SCHEMA_VERSION}, see [schema versions](#schema-versions))" in page
-    assert f"Any `results.json` of `schema_version` 1 to {SCHEMA_VERSION} is read as a baseline" in page
+    assert f"A `results.json` of `schema_version` {SCHEMA_VERSION} is read as a baseline" in page
+    assert f"`{MIGRATE} FILE...`" in page
     assert tuple(range(1, SCHEMA_VERSION + 1)) == SCHEMA_VERSIONS
     table = (DOCS / "results.md").read_text().split("### Schema versions", 1)[1]
     rows = [int(n) for n in re.findall(r"^\| (\d+) \|", table.split("\n\n", 2)[1], flags=re.MULTILINE)]
     assert rows == list(reversed(SCHEMA_VERSIONS)), "docs/results.md#schema-versions needs a row per version"
-    known = ", ".join(map(str, SCHEMA_VERSIONS))
-    assert f"this pytest-apc reads {known}\n" in (DOCS / "troubleshooting.md").read_text()
+    troubleshooting = (DOCS / "troubleshooting.md").read_text()
+    assert f"this pytest-apc reads {SCHEMA_VERSION}\n" in troubleshooting
+    assert (
+        f"older than the {SCHEMA_VERSION} this pytest-apc reads; migrate it with: {MIGRATE} <path>\n" in troubleshooting
+    )
 
 
 # "`--apc-X` (default V", "`--apc-X`, default V", "`--apc-X` cold repeats (default V": the default a page states

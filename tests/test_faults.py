@@ -16,7 +16,7 @@ from tests.conftest import FAKE_VLLM
 
 SUITE = """
 import pytest
-from pytest_apc.verdicts import verdict
+from pytest_apc import verdicts
 
 pytestmark = pytest.mark.apc
 
@@ -26,7 +26,7 @@ def test_measured(apc_run):
 
 @pytest.mark.apc_cases("C")
 def test_off(apc_run, apc_assert):
-    apc_assert(verdict.apc_really_off(apc_run))
+    apc_assert(verdicts.apc_really_off(apc_run))
 """
 
 

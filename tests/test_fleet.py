@@ -308,13 +308,13 @@ def test_the_routing_cost_bound_is_a_percentage(pytester: pytest.Pytester) -> No
 
 FLEET_SUITE = """
 import pytest
-from pytest_apc.verdicts import verdict
+from pytest_apc import verdicts
 
 pytestmark = [pytest.mark.fleet]
 
 @pytest.mark.apc_cases("R", fleet=True)
 def test_fleet_accounting(apc_run, apc_assert):
-    apc_assert(verdict.fleet_accounting(apc_run))
+    apc_assert(verdicts.fleet_accounting(apc_run))
 
 @pytest.mark.apc_cases("D")
 def test_single(apc_run):

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pytest_apc import verdicts
 from pytest_apc.__main__ import main
 from pytest_apc.gate import compare as gate
 from pytest_apc.measure.records import Measured, RunRecord
@@ -26,7 +27,6 @@ from pytest_apc.report.controller import report_blocks
 from pytest_apc.results import SCHEMA_PATH, formatting, rows
 from pytest_apc.results import document as results
 from pytest_apc.results.view import ReportView
-from pytest_apc.verdicts import verdict
 from pytest_apc.verdicts.stats import median_interval
 from pytest_apc.workload.cases import RunKey
 from tests.test_verdict import delta, off_delta, record, settings
@@ -45,8 +45,8 @@ def _judged(runs: list[RunRecord], s: Any) -> list[dict[str, Any]]:
     """What the fleet tests record for each run: both verdicts, as the controller gathers them."""
     found = []
     for run in runs:
-        for v, test in ((verdict.fleet_accounting(run), "test_fleet_accounting"),
-                        (verdict.prefix_locality(run, s), "test_prefix_locality")):  # fmt: skip
+        for v, test in ((verdicts.fleet_accounting(run), "test_fleet_accounting"),
+                        (verdicts.prefix_locality(run, s), "test_prefix_locality")):  # fmt: skip
             found.append({**v.to_json(), "test": f"tests_apc/test_fleet.py::{test}[{run.key.id}]",
                           "outcome": "passed" if v.passed else "failed"})  # fmt: skip
     return found
@@ -243,22 +243,6 @@ def test_report_prints_the_fleet_table_of_a_results_file(
     status, md = _cli(capsys, "report", "--markdown", str(path))
     assert status == 0
     assert any(line.startswith("| consistent_hash ") and "| 30+0 " in line for line in md)
-
-
-def test_report_names_the_fleet_runs_of_a_file_without_the_fleet_block(
-    fleet: SimpleNamespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A schema_version 2 file of the fleet tests (written before the fleet block) reads without a table."""
-    doc = _document(fleet.s, fleet.measured, fleet.data)
-    doc["schema_version"] = 2
-    del doc["fleet"]
-    status, lines = _cli(capsys, "report", str(_write(tmp_path, "v2.json", doc)))
-    assert status == 0
-    assert lines[-2] == (
-        "fleet runs R-c8-consistent_hash, R-c8-round_robin: no fleet table in this file (written before "
-        "schema_version 3); their counters are in runs[].repeat_counters[].parts"
-    )
-    assert not any(line.startswith("route ") for line in lines)
 
 
 def test_compare_says_fleet_runs_are_not_gated_only_without_pairs(

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from pytest_apc import verdicts
 from pytest_apc.measure.records import MeasurementError, Repeat, RunRecord
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.serving.metrics import Delta
-from pytest_apc.verdicts import verdict
 from pytest_apc.workload.cases import RunKey, predict, workload_for
 
 N = 30
@@ -74,12 +74,12 @@ def fleet_run(
 def test_the_real_cpu_runs_pass_with_their_numbers(pytester) -> None:
     s = settings(pytester)
     robin = fleet_run(s, "round_robin", [(15, HALF), (15, HALF)])
-    accounting = verdict.fleet_accounting(robin)
+    accounting = verdicts.fleet_accounting(robin)
     assert accounting.passed, accounting.message
     assert "replica 1 15 requests, 28,672 hits = 1 cold prefill(s); replica 2 15 requests, 28,672 hits" in (
         accounting.message
     )
-    locality = verdict.prefix_locality(robin, s)
+    locality = verdicts.prefix_locality(robin, s)
     assert locality.passed, locality.message
     n = locality.numbers
     assert (n["requests"], n["hits"], n["cold_prefills"], n["ideal_cold_prefills"]) == (30, 2 * HALF, 2, 1)
@@ -91,8 +91,8 @@ def test_the_real_cpu_runs_pass_with_their_numbers(pytester) -> None:
     assert "routing cost 2,048 extra prefill tokens = 3.4% of what APC saves" in locality.message
 
     consistent = fleet_run(s, "consistent_hash", [(30, 29 * P), (0, 0)])
-    assert verdict.fleet_accounting(consistent).passed
-    locality = verdict.prefix_locality(consistent, s)
+    assert verdicts.fleet_accounting(consistent).passed
+    locality = verdicts.prefix_locality(consistent, s)
     assert locality.passed, locality.message
     n = locality.numbers
     assert (n["cold_prefills"], n["extra_prefill_tokens"], n["routing_cost"]) == (1, 0, 0.0)
@@ -109,7 +109,7 @@ def test_the_real_cpu_runs_pass_with_their_numbers(pytester) -> None:
     ],
 )  # fmt: skip
 def test_requests_that_do_not_add_up_fail_the_accounting(pytester, spread, what: str) -> None:
-    v = verdict.fleet_accounting(fleet_run(settings(pytester), "round_robin", spread))
+    v = verdicts.fleet_accounting(fleet_run(settings(pytester), "round_robin", spread))
     assert not v.passed
     assert what in v.message
     assert "the replicas looked up" in v.message  # their prompt tokens do not add up either
@@ -125,7 +125,7 @@ def test_requests_that_do_not_add_up_fail_the_accounting(pytester, spread, what:
 )
 def test_hits_that_are_no_whole_cold_prefills_fail_the_accounting(pytester, extra: int, why: str) -> None:
     run = fleet_run(settings(pytester), "round_robin", [(15, HALF + extra), (15, HALF)])
-    v = verdict.fleet_accounting(run)
+    v = verdicts.fleet_accounting(run)
     assert not v.passed
     assert f"replica 1: hits {HALF + extra:,} are no whole number of cold prefills: 15 requests with 1 cold" in (
         v.message
@@ -141,7 +141,7 @@ def test_a_few_blocks_of_tokenisation_noise_are_tolerated(pytester) -> None:
     are still whole cold prefills: chance matches of a few suffix blocks (700 tokens included) pass."""
     s = settings(pytester)
     for extra in (5 * BLOCK, 700, -3 * BLOCK):
-        v = verdict.fleet_accounting(fleet_run(s, "round_robin", [(15, HALF + extra), (15, HALF)]))
+        v = verdicts.fleet_accounting(fleet_run(s, "round_robin", [(15, HALF + extra), (15, HALF)]))
         assert v.passed, v.message
         assert f"= 1 cold prefill(s) {extra:+,}" in v.message
 
@@ -150,7 +150,7 @@ def test_missing_per_replica_counters_cannot_be_accounted(pytester) -> None:
     s = settings(pytester)
     run = fleet_run(s, "round_robin", [(15, HALF), (15, HALF)])
     run.repeats[0].parts = {}
-    for check in (verdict.fleet_accounting, lambda r: verdict.prefix_locality(r, s)):
+    for check in (verdicts.fleet_accounting, lambda r: verdicts.prefix_locality(r, s)):
         with pytest.raises(MeasurementError, match="its counters came from one source, not per replica"):
             check(run)
 
@@ -158,7 +158,7 @@ def test_missing_per_replica_counters_cannot_be_accounted(pytester) -> None:
 def test_a_replica_without_the_requests_counter_cannot_be_accounted(pytester) -> None:
     s = settings(pytester)
     run = fleet_run(s, "round_robin", [(15, HALF), (None, HALF)])
-    for check in (verdict.fleet_accounting, lambda r: verdict.prefix_locality(r, s)):
+    for check in (verdicts.fleet_accounting, lambda r: verdicts.prefix_locality(r, s)):
         with pytest.raises(
             MeasurementError, match="replica 2 has no vllm:request_success_total counter, so the requests it served"
         ):
@@ -169,17 +169,17 @@ def test_a_run_without_a_prediction_or_counters_cannot_be_accounted(pytester) ->
     run = fleet_run(settings(pytester), "round_robin", [(15, HALF), (15, HALF)])
     run.prediction = None
     with pytest.raises(MeasurementError, match="cannot account for the fleet run R-c8-round_robin: no prediction"):
-        verdict.fleet_accounting(run)
+        verdicts.fleet_accounting(run)
     run = fleet_run(settings(pytester), "round_robin", [(15, HALF), (15, HALF)])
     run.repeats[0].metrics_error = "GET /metrics answered HTTP 500"
     with pytest.raises(MeasurementError, match="cannot verify the prefix cache of run R-c8-round_robin: GET /metrics"):
-        verdict.fleet_accounting(run)
+        verdicts.fleet_accounting(run)
 
 
 def test_a_prefix_within_the_header_blocks_cannot_tell_cold_prefills(pytester) -> None:
     # Block 4096 > S = 2074: no block is shared at all (P = Q = 0).
     run = fleet_run(settings(pytester), "round_robin", [(15, 0), (15, 0)], block_size=4096)
-    v = verdict.fleet_accounting(run)
+    v = verdicts.fleet_accounting(run)
     assert not v.passed
     assert "spans no block of 4096 beyond the template header, so cold prefills cannot be told from hits" in v.message
 
@@ -187,31 +187,31 @@ def test_a_prefix_within_the_header_blocks_cannot_tell_cold_prefills(pytester) -
 def test_round_robin_must_spread_evenly(pytester) -> None:
     s = settings(pytester)
     uneven = fleet_run(s, "round_robin", [(20, 19 * P), (10, 9 * P)])
-    assert verdict.fleet_accounting(uneven).passed  # the books balance ...
-    v = verdict.prefix_locality(uneven, s)
+    assert verdicts.fleet_accounting(uneven).passed  # the books balance ...
+    v = verdicts.prefix_locality(uneven, s)
     assert not v.passed  # ... but the route broke its promise
     assert "round_robin must spread requests evenly, but the replicas served [20, 10]" in v.message
     assert "round_robin: requests spread evenly: replicas differ by at most one request" in v.message
-    assert verdict.prefix_locality(fleet_run(s, "round_robin", [(16, 15 * P), (14, 13 * P)]), s).passed is False
+    assert verdicts.prefix_locality(fleet_run(s, "round_robin", [(16, 15 * P), (14, 13 * P)]), s).passed is False
     # Odd splits differ by one at most.
     three = fleet_run(s, "round_robin", [(10, 9 * P), (10, 9 * P), (10, 9 * P)])
-    assert verdict.prefix_locality(three, s).passed
+    assert verdicts.prefix_locality(three, s).passed
 
 
 def test_consistent_hash_with_one_key_must_keep_one_replica(pytester) -> None:
     s = settings(pytester)
-    v = verdict.prefix_locality(fleet_run(s, "consistent_hash", [(15, HALF), (15, HALF)]), s)
+    v = verdicts.prefix_locality(fleet_run(s, "consistent_hash", [(15, HALF), (15, HALF)]), s)
     assert not v.passed
     assert "consistent_hash with one routing key must use one replica, but requests spread as [15, 15]" in v.message
     assert v.numbers["cold_prefills"] == 2
-    assert verdict.prefix_locality(fleet_run(s, "consistent_hash", [(0, 0), (30, 29 * P)]), s).passed
+    assert verdicts.prefix_locality(fleet_run(s, "consistent_hash", [(0, 0), (30, 29 * P)]), s).passed
 
 
 @pytest.mark.parametrize("route", ["cache_aware", "dp", "external", "power_of_two"])
 @pytest.mark.parametrize("spread", [[(30, 29 * P), (0, 0)], [(15, HALF), (15, HALF)], [(20, 19 * P), (10, 9 * P)]])
 def test_routes_without_a_promise_pass_with_any_spread_and_report_the_cost(pytester, route, spread) -> None:
     s = settings(pytester)
-    v = verdict.prefix_locality(fleet_run(s, route, spread), s)
+    v = verdicts.prefix_locality(fleet_run(s, route, spread), s)
     assert v.passed, v.message
     active = sum(1 for k, _ in spread if k)
     assert v.numbers["cold_prefills"] == active
@@ -228,10 +228,10 @@ def test_prefix_groups_and_a_header_block_replica_by_replica(pytester) -> None:
     each = p.replica_hits(15, 3)
     assert each == 12 * 2304 + 2 * 256
     robin = fleet_run(s, "round_robin", [(15, each), (15, each)], groups=3, header=300)
-    accounting = verdict.fleet_accounting(robin)
+    accounting = verdicts.fleet_accounting(robin)
     assert accounting.passed, accounting.message
     assert "(P = 2,304 tokens per group hit, Q = 256 header tokens)" in accounting.message
-    locality = verdict.prefix_locality(robin, s)
+    locality = verdicts.prefix_locality(robin, s)
     assert locality.passed, locality.message
     assert (locality.numbers["cold_prefills"], locality.numbers["ideal_cold_prefills"]) == (6, 3)
     # Three split groups, and the header replica 2 computes again: exactly what one server would not.
@@ -240,14 +240,14 @@ def test_prefix_groups_and_a_header_block_replica_by_replica(pytester) -> None:
     assert locality.numbers["extra_prefill_tokens"] == locality.numbers["ideal_hits"] - locality.numbers["hits"]
     # All on one replica: exactly the single-server prediction, no routing cost.
     one = fleet_run(s, "consistent_hash", [(30, p.expected_hits), (0, 0)], groups=3, header=300)
-    assert verdict.fleet_accounting(one).passed
-    assert verdict.prefix_locality(one, s).numbers["extra_prefill_tokens"] == 0
+    assert verdicts.fleet_accounting(one).passed
+    assert verdicts.prefix_locality(one, s).numbers["extra_prefill_tokens"] == 0
     # Groups kept apart (group 1 on replica 1, groups 2 and 3 on replica 2): 3 cold prefills, the ideal.
     apart = fleet_run(
         s, "cache_aware", [(10, p.replica_hits(10, 1)), (20, p.replica_hits(20, 2))], groups=3, header=300
     )
-    assert verdict.fleet_accounting(apart).passed
-    assert verdict.prefix_locality(apart, s).numbers["cold_prefills"] == 3
+    assert verdicts.fleet_accounting(apart).passed
+    assert verdicts.prefix_locality(apart, s).numbers["cold_prefills"] == 3
 
 
 def test_locality_is_not_judged_on_counters_that_missed_the_requests(pytester) -> None:
@@ -256,10 +256,10 @@ def test_locality_is_not_judged_on_counters_that_missed_the_requests(pytester) -
     routing cost."""
     s = settings(pytester)
     for route in ("external", "round_robin", "consistent_hash"):
-        v = verdict.prefix_locality(fleet_run(s, route, [(0, 0), (0, 0)]), s)
+        v = verdicts.prefix_locality(fleet_run(s, route, [(0, 0), (0, 0)]), s)
         assert not v.passed, v.message
         assert "the replicas finished 0 of the benchmark's 30 requests" in v.message
-    assert not verdict.prefix_locality(fleet_run(s, "cache_aware", [(20, 19 * P), (9, 8 * P)]), s).passed
+    assert not verdicts.prefix_locality(fleet_run(s, "cache_aware", [(20, 19 * P), (9, 8 * P)]), s).passed
 
 
 def test_the_failing_repeat_is_the_one_shown(pytester) -> None:
@@ -267,7 +267,7 @@ def test_the_failing_repeat_is_the_one_shown(pytester) -> None:
     run = fleet_run(s, "round_robin", [(15, HALF), (15, HALF)])
     bad = fleet_run(s, "round_robin", [(20, 19 * P), (10, 9 * P)])
     run.repeats.append(bad.repeats[0])
-    v = verdict.prefix_locality(run, s)
+    v = verdicts.prefix_locality(run, s)
     assert not v.passed
     assert [r["requests"] for r in v.numbers["replicas"]] == [20, 10]
     assert len(v.numbers["repeats"]) == 2
@@ -286,7 +286,7 @@ def gateway(pytester, *args: str):
 
 def test_a_gateway_that_promises_spread_must_leave_no_replica_idle(pytester) -> None:
     s = gateway(pytester, "--apc-fleet-promise=spread")
-    v = verdict.prefix_locality(fleet_run(s, "gke_gw", [(30, 29 * P), (0, 0)]), s)
+    v = verdicts.prefix_locality(fleet_run(s, "gke_gw", [(30, 29 * P), (0, 0)]), s)
     assert not v.passed
     assert "spread: no replica may be left idle, but replica 2 served none of the 30 requests (requests per " in (
         v.message
@@ -295,7 +295,7 @@ def test_a_gateway_that_promises_spread_must_leave_no_replica_idle(pytester) -> 
     assert "gke_gw: spread (--apc-fleet-promise): requests spread over the replicas: no replica left idle" in v.message
     assert v.numbers["promise"] == "spread"
     # Uneven is still spread: the promise is no idle replica, not round robin's evenness.
-    kept = verdict.prefix_locality(fleet_run(s, "gke_gw", [(20, 19 * P), (10, 9 * P)]), s)
+    kept = verdicts.prefix_locality(fleet_run(s, "gke_gw", [(20, 19 * P), (10, 9 * P)]), s)
     assert kept.passed, kept.message
 
 
@@ -303,8 +303,8 @@ def test_a_gateway_that_promises_affinity_must_keep_every_group_on_one_replica(p
     s = gateway(pytester, "--apc-fleet-promise=affinity")
     each = predict(replace(workload_for("fleet", s), prefix_groups=3), HEADER, BLOCK, 0).replica_hits(15, 3)
     split = fleet_run(s, "gke_gw", [(15, each), (15, each)], groups=3)
-    assert verdict.fleet_accounting(split).passed
-    v = verdict.prefix_locality(split, s)
+    assert verdicts.fleet_accounting(split).passed
+    v = verdicts.prefix_locality(split, s)
     assert not v.passed
     assert (
         "affinity: every prefix group must stay on one replica, but 6 cold prefills were computed for 3 prefix "
@@ -315,7 +315,7 @@ def test_a_gateway_that_promises_affinity_must_keep_every_group_on_one_replica(p
     # Groups kept apart: group 1 on replica 1, groups 2 and 3 on replica 2 (load need not be even).
     p = predict(replace(workload_for("fleet", s), prefix_groups=3), HEADER, BLOCK, 0)
     apart = fleet_run(s, "gke_gw", [(10, p.replica_hits(10, 1)), (20, p.replica_hits(20, 2))], groups=3)
-    kept = verdict.prefix_locality(apart, s)
+    kept = verdicts.prefix_locality(apart, s)
     assert kept.passed, kept.message
     assert kept.numbers["cold_prefills"] == 3
 
@@ -323,8 +323,8 @@ def test_a_gateway_that_promises_affinity_must_keep_every_group_on_one_replica(p
 def test_the_gateway_promise_holds_the_external_route_only(pytester) -> None:
     """A router policy keeps its own promise whatever --apc-fleet-promise says; cache_aware has none."""
     s = replace(settings(pytester), fleet_promise="affinity")
-    assert verdict.prefix_locality(fleet_run(s, "cache_aware", [(15, HALF), (15, HALF)]), s).passed
-    robin = verdict.prefix_locality(fleet_run(s, "round_robin", [(15, HALF), (15, HALF)]), s)
+    assert verdicts.prefix_locality(fleet_run(s, "cache_aware", [(15, HALF), (15, HALF)]), s).passed
+    robin = verdicts.prefix_locality(fleet_run(s, "round_robin", [(15, HALF), (15, HALF)]), s)
     assert robin.passed, robin.message
     assert "affinity" not in robin.message
 
@@ -334,7 +334,7 @@ def test_the_routing_cost_bound_fails_a_run_above_it_on_every_route(pytester, ro
     """Round robin's split of one group over two replicas costs P of (N - 1) x P: 1/29 = 3.45 %."""
     spread = [(15, HALF), (15, HALF)]
     above = gateway(pytester, "--apc-max-routing-cost=3.4")
-    v = verdict.prefix_locality(fleet_run(above, route, spread), above)
+    v = verdicts.prefix_locality(fleet_run(above, route, spread), above)
     assert not v.passed
     assert (
         "routing cost 3.45% is above --apc-max-routing-cost 3.4%: 2,048 extra prefill tokens of the 59,392 APC "
@@ -342,16 +342,16 @@ def test_the_routing_cost_bound_fails_a_run_above_it_on_every_route(pytester, ro
     ) in v.message
     assert v.numbers["max_routing_cost"] == 3.4
     within = gateway(pytester, "--apc-max-routing-cost=3.5")
-    kept = verdict.prefix_locality(fleet_run(within, route, spread), within)
+    kept = verdicts.prefix_locality(fleet_run(within, route, spread), within)
     assert kept.passed, kept.message
     unset = settings(pytester)
     assert unset.max_routing_cost is None
-    assert verdict.prefix_locality(fleet_run(unset, route, spread), unset).passed
+    assert verdicts.prefix_locality(fleet_run(unset, route, spread), unset).passed
 
 
 def test_a_routing_cost_bound_that_cannot_be_checked_fails(pytester) -> None:
     s = gateway(pytester, "--apc-max-routing-cost=50")
-    v = verdict.prefix_locality(fleet_run(s, "gke_gw", [(15, 0), (15, 0)], block_size=4096), s)
+    v = verdicts.prefix_locality(fleet_run(s, "gke_gw", [(15, 0), (15, 0)], block_size=4096), s)
     assert not v.passed
     assert "the routing cost cannot be told" in v.message
     assert "--apc-max-routing-cost 50% cannot be checked" in v.message

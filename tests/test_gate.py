@@ -220,14 +220,6 @@ def test_another_vllm_version_is_compared_and_named(pytester, tmp_path) -> None:
     assert "compared across vllm 0.33.0 here vs 0.32.0 there" in lines
 
 
-def test_an_old_baseline_without_gpu_fields_reads_its_gpu_list(pytester, tmp_path) -> None:
-    old = _doc(pytester, SAME)
-    del old["environment"]["gpu_model"], old["environment"]["gpu_count"]
-    old["environment"]["gpus"] = ["NVIDIA H200"] * 2
-    result = _gate(old, _doc(pytester, SAME, gpu_model="NVIDIA H200", gpu_count=1), tmp_path)
-    assert result.not_comparable == [{"what": "gpu_count", "here": 1, "there": 2}]
-
-
 def test_no_overlapping_run_fails_and_a_missing_one_is_a_warning(pytester, tmp_path) -> None:
     old = _doc(pytester, {"C-c4": SAME["C-c8"], "D-c4": SAME["D-c8"]})
     result = _gate(old, _doc(pytester, SAME), tmp_path)

@@ -15,8 +15,7 @@ from pytest_apc.measure.multiturn import merged_bench, prediction, sum_deltas
 from pytest_apc.measure.records import Repeat, RunRecord
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.serving.metrics import Delta
-from pytest_apc.verdicts import compaction_hits, late_turn_ttft, turn_hits_across_tiers, turn_hits_match
-from pytest_apc.verdicts.verdict import Pair
+from pytest_apc.verdicts import Pair, compaction_hits, late_turn_ttft, turn_hits_across_tiers, turn_hits_match
 from pytest_apc.workload.cases import COMPACT, OFFLOAD_TIER, SMALL_CACHE, RunKey, ServerMode, Workload
 from pytest_apc.workload.multiturn import Conversations, TurnRecord, cached_tokens, predict_rounds, replay
 

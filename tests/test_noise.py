@@ -89,18 +89,17 @@ def test_one_bad_repeat_of_three_does_not_decide_a_run() -> None:
     assert noise.fails(base, [2400.0, 2410.0, 790.0], spread, 0.005)  # most repeats slower: the build
 
 
-def test_repeat_values_of_every_schema_version() -> None:
+def test_repeat_values_are_what_the_file_stored_per_repeat() -> None:
     def run(**stored: Any) -> RunRecord:  # a runs[] entry of a results file, read back
         return RunRecord.from_json({"id": "D-c8", **stored})
 
-    v4 = {"repeat_counters": [{"mean_ttft_ms": 700.0}, {"mean_ttft_ms": 720.0}], "ttfts_ms": [1.0] * 4}
-    assert noise.repeat_values(run(**v4)) == [700.0, 720.0]
-    # Before schema_version 4: the pooled per-request TTFTs, in repeat order, split evenly.
-    old = {"repeat_counters": [{"delta": None}, {"delta": None}], "repeats": 2, "ttfts_ms": [1.0, 3.0, 5.0, 7.0]}
-    assert noise.repeat_values(run(**old)) == [2.0, 6.0]
-    assert noise.repeat_values(run(**{**old, "ttfts_ms": [1.0, 2.0, 3.0]})) is None  # does not split: unknown
+    stored = {"repeat_counters": [{"mean_ttft_ms": 700.0}, {"mean_ttft_ms": 720.0}], "ttfts_ms": [1.0] * 4}
+    assert noise.repeat_values(run(**stored)) == [700.0, 720.0]
+    # Not measured: unknown, not recomputed from the file's rounded per-request TTFTs.
+    unknown = {"repeat_counters": [{"mean_ttft_ms": None}, {"mean_ttft_ms": None}], "ttfts_ms": [1.0, 3.0, 5.0, 7.0]}
+    assert noise.repeat_values(run(**unknown)) is None
     assert noise.repeat_values(run(repeat_counters=[], ttfts_ms=[])) is None
-    assert noise.repeat_values(run(**old), "median_ttft_ms") is None  # only the mean can be recovered
+    assert noise.repeat_values(run(**unknown), "median_ttft_ms") is None
 
 
 def test_ksets_pair_every_choice_of_repeats_across_runs_never_a_run_with_itself() -> None:

@@ -444,7 +444,7 @@ def test_a_damaged_or_incomparable_baseline_is_a_usage_error_naming_it(apc_suite
     doc = json.loads(old_model.read_text())
     old_model.write_text(json.dumps({**doc, "model": "/m/tiny-llama-v1-0123456789ab"}))
     for baseline, message in [
-        (path, f"baseline {path} is not a valid results file of schema_version 5: runs[0].repeat_counters is a "
+        (path, f"baseline {path} is not a valid results file of schema_version 9: runs[0].repeat_counters is a "
                'string ("5"), not an array'),
         (h200, f"not comparable with baseline {h200}: profile cpu here vs gpu there; model {tiny_model_name()} vs "
                "llama-3.1-8b-shape-v1-e18e6ae6be32; model_shape - vs llama-3.1-8b; length_scale 0.0625 vs 1.0"),

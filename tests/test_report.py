@@ -10,14 +10,16 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from pytest_apc import verdicts
 from pytest_apc.gate import compare as gate
+from pytest_apc.measure.answers import Probe
 from pytest_apc.measure.records import Measured
 from pytest_apc.report import markdown, terminal
 from pytest_apc.report.controller import report_blocks
 from pytest_apc.results import document as results
 from pytest_apc.results import formatting, rows
 from pytest_apc.results.view import ReportView
-from pytest_apc.verdicts import verdict
+from pytest_apc.verdicts import figures
 from pytest_apc.workload.cases import RunKey
 from tests.test_verdict import delta, off_delta, record, settings
 
@@ -50,7 +52,7 @@ def _algo_run(s, base, algo: str, ttft_ms: float, hits: int | None = None):
     return dataclasses.replace(run, key=RunKey(base.key.case, base.key.concurrency, algo), server=server)
 
 
-def _judged(v: verdict.Verdict, test: str) -> dict:
+def _judged(v: verdicts.Verdict, test: str) -> dict:
     return {**v.to_json(), "test": test, "outcome": "passed" if v.passed else "failed"}
 
 
@@ -71,13 +73,13 @@ def test_a_failed_algorithm_comparison_fails_its_row_not_the_default_pair(pytest
     on.server.prefix_caching_hash_algo = "sha256"
     short = _algo_run(s, on, "xxhash", 41.0, hits=on.delta.prefix_cache_hits - 128)
     same = _algo_run(s, on, "sha256_cbor", 40.5)
-    verdicts = [
-        _judged(verdict.prefill_saved(verdict.Pair(off, on, s)), "test_pure[D-c8]"),
-        _judged(verdict.same_as_default(short, on, s), "test_same_as_default[D-c8-xxhash]"),
-        _judged(verdict.same_as_default(same, on, s), "test_same_as_default[D-c8-sha256_cbor]"),
+    judged = [
+        _judged(verdicts.prefill_saved(verdicts.Pair(off, on, s)), "test_pure[D-c8]"),
+        _judged(verdicts.same_as_default(short, on, s), "test_same_as_default[D-c8-xxhash]"),
+        _judged(verdicts.same_as_default(same, on, s), "test_same_as_default[D-c8-sha256_cbor]"),
     ]
     apc = _session(s, [off, on, short, same])
-    data = _data(apc, verdicts)
+    data = _data(apc, judged)
 
     pairs = {row.name: row.verdict for row in data.pairs}
     assert pairs == {"C/D": "PASS"}  # judged by its own verdicts; the algorithms have their own table
@@ -142,8 +144,10 @@ def test_the_rows_are_computed_once_whatever_reads_them(pytester, monkeypatch, t
     off = record(s, "C", 8, off_delta(s, "C"), 120.0)
     on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 40.0)
     calls = []
-    real = verdict.Pair.ttft_speedup
-    monkeypatch.setattr(verdict.Pair, "ttft_speedup", lambda self: calls.append(self.id) or real(self))
+    real = figures.ttft_gain
+    monkeypatch.setattr(
+        figures, "ttft_gain", lambda off, on, s: calls.append(f"{off.key.id}/{on.key.id}") or real(off, on, s)
+    )
     apc = _session(s, [off, on])
     data = _data(apc)
     assert calls == ["C-c8/D-c8"]
@@ -168,17 +172,17 @@ def test_one_rule_judges_every_kind_of_row() -> None:
         {**passed, "runs": ["D-c8-xxhash", "D-c8"], "passed": False, "outcome": "failed"},
         {**passed, "runs": ["R-c8-round_robin"], "outcome": "failed"},  # the verdict passed, its test failed
     ], failed_runs={"O-c1"})  # fmt: skip
-    assert outcomes.verdict({"C-c8", "D-c8"}) == "PASS"  # the algorithm's comparison is not the pair's
-    assert outcomes.verdict({"D-c8-xxhash"}, compared_with={"D-c8"}) == "FAIL"
-    assert outcomes.verdict({"D-c8-xxhash"}) == "-"  # a verdict naming a run beyond the row's
-    assert outcomes.verdict({"R-c8-round_robin"}) == "FAIL"
-    assert outcomes.verdict({"O-c1"}, compared_with={"N-c1"}) == "FAIL"  # its test failed before a verdict
-    assert outcomes.verdict({"N-c1"}, compared_with={"O-c1"}) == "-"  # the run it is compared with failed
+    assert outcomes.verdict_label({"C-c8", "D-c8"}) == "PASS"  # the algorithm's comparison is not the pair's
+    assert outcomes.verdict_label({"D-c8-xxhash"}, compared_with={"D-c8"}) == "FAIL"
+    assert outcomes.verdict_label({"D-c8-xxhash"}) == "-"  # a verdict naming a run beyond the row's
+    assert outcomes.verdict_label({"R-c8-round_robin"}) == "FAIL"
+    assert outcomes.verdict_label({"O-c1"}, compared_with={"N-c1"}) == "FAIL"  # its test failed before a verdict
+    assert outcomes.verdict_label({"N-c1"}, compared_with={"O-c1"}) == "-"  # the run it is compared with failed
 
 
 def test_every_row_reads_back_from_what_results_json_stores(pytester) -> None:
     """``report FILE`` rebuilds the rows from the file: each kind reads back equal to the row the session
-    built, and a schema_version 1 pair row keeps its hash column in summary.md."""
+    built."""
     s = settings(pytester)
     off = record(s, "C", 8, off_delta(s, "C"), 120.0)
     on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 40.0)
@@ -186,9 +190,6 @@ def test_every_row_reads_back_from_what_results_json_stores(pytester) -> None:
     for built in [*data.pairs, *data.algos]:
         assert type(built).from_json(built.to_json()) == built
     assert [c.header for c in rows.PairRow.markdown_columns()][:3] == ["pair", "conc", "hit?"]
-    legacy = rows.PairRow.from_json({**data.pair_numbers()[0], "hash_algo": None})
-    assert isinstance(legacy, rows.LegacyPairRow)
-    assert [c.header for c in legacy.markdown_columns()][:3] == ["pair", "conc", "hash"]
 
 
 def test_the_p90_ttft_shows_with_v_and_in_summary_md_where_the_runs_have_it(pytester) -> None:
@@ -231,3 +232,77 @@ def test_junit_properties_carry_the_p90_ttft(pytester) -> None:
     node = SimpleNamespace(user_properties=[])
     record_properties(node, run)
     assert dict(node.user_properties)["apc_p90_ttft_ms"] == run.to_json()["p90_ttft_ms"] > 40.0
+
+
+def _repeats(run, *changes: dict):
+    """``run`` with one repeat per ``changes`` (``delta``, ``scale``: its TTFTs multiplied, ``parts``)."""
+    first = run.repeats[0]
+    repeats = [
+        dataclasses.replace(
+            first,
+            delta=c.get("delta", first.delta),
+            parts=c.get("parts", first.parts),
+            bench={**first.bench, "ttfts": [t * c.get("scale", 1.0) for t in first.bench.get("ttfts") or []]},
+        )
+        for c in changes
+    ]
+    return dataclasses.replace(run, repeats=repeats)
+
+
+def test_a_row_shows_the_numbers_its_verdict_judged_on_every_repeat(pytester) -> None:
+    """A row reads the figures its verdict judged, on every repeat: the gain and its interval, the cached
+    tokens of the repeat the verdict shows (the first that failed, not the first), the hash algorithm's
+    comparison, where a fleet run's requests landed and the answers; here the first repeat differs from
+    what every repeat together says."""
+    from tests.test_answers import answer
+    from tests.test_fleet_report import ROUND_ROBIN, _measured
+
+    s = settings(pytester)
+    off = record(s, "C", 8, off_delta(s, "C"), 120.0)
+    tokens, expected = int(off.bench["total_input_tokens"]), off.prediction.expected_hits
+    off = _repeats(off, {}, {"scale": 1.5}, {"scale": 0.7})
+    good, short = delta(tokens, expected), delta(tokens, expected - 4096)
+    on = _repeats(record(s, "D", 8, good, 40.0), {}, {"delta": short, "scale": 2.0}, {"scale": 0.5})
+    on.probes = [Probe(0, answer([1, 2, 3]), answer([1, 2, 3])), Probe(1, answer([4, 5, 6]), answer([4, 9, 9]))]
+    off.probes = [Probe(0, answer([1, 2, 3])), Probe(1, answer([4, 5, 6]))]
+    algo = _algo_run(s, on, "xxhash", 41.0)
+    algo = _repeats(algo, {}, {"delta": delta(tokens, expected - 128), "scale": 1.3}, {})
+    fleet = _measured()
+    rr = fleet.records[ROUND_ROBIN]
+    spread = rr.repeats[0].parts
+    one_replica = fleet.records[RunKey("R", 8, route="consistent_hash")].repeats[0].parts
+    rr = _repeats(rr, {"parts": spread}, {"parts": one_replica})  # round_robin broke its promise in repeat 2
+    runs = {r.key: r for r in (off, on, algo, rr)}
+    data = rows.ReportData.build(runs, rows.Outcomes(), s)
+    pair_row, algo_row, fleet_row = data.pairs[0], data.algos[0], data.fleet[0]
+
+    hits = verdicts.cached_tokens_match(on)
+    assert not hits.passed
+    assert hits.numbers["hits"] == expected - 4096 != on.repeats[0].delta.cached_tokens
+    assert (pair_row.cached_tokens, pair_row.hit_ratio) == (hits.numbers["hits"], hits.numbers["hits"] / tokens)
+    gain = verdicts.ttft_gain(verdicts.Pair(off, on, s)).numbers
+    first_only = verdicts.ttft_gain(verdicts.Pair(_repeats(off, {}), _repeats(on, {}), s)).numbers
+    assert gain["ttft_speedup_low"] != first_only["ttft_speedup_low"]
+    shown = (pair_row.ttft_speedup, pair_row.ttft_speedup_low, pair_row.ttft_speedup_high)
+    assert shown == (gain["ttft_speedup"], gain["ttft_speedup_low"], gain["ttft_speedup_high"])
+    assert pair_row.answers == verdicts.same_answers(verdicts.Pair(off, on, s)).numbers["answers"] == "2 DIFFER"
+    assert algo_row.answers == verdicts.same_answers(algo).numbers["answers"]
+
+    same = verdicts.same_as_default(algo, on, s)
+    assert not same.passed  # the hits differ in the second repeat only
+    assert (algo_row.cached_tokens, algo_row.default_cached_tokens) == (
+        same.numbers["hits"],
+        same.numbers["default_hits"],
+    )
+    assert (algo_row.ttft_ratio, algo_row.ttft_ratio_low) == (
+        same.numbers["ttft_ratio"],
+        same.numbers["ttft_ratio_low"],
+    )
+
+    where = verdicts.prefix_locality(rr, s)
+    assert not where.passed
+    assert where.numbers["cold_prefills"] != where.numbers["repeats"][0]["cold_prefills"]
+    assert fleet_row.requests_per_replica == [r["requests"] for r in where.numbers["replicas"]]
+    for name in ("cold_prefills", "hits", "ideal_hits", "extra_prefill_tokens", "routing_cost"):
+        assert getattr(fleet_row, name) == where.numbers[name], name
+    assert fleet_row.ideal_cold_prefills == where.numbers["ideal_cold_prefills"]

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pytest_apc import verdicts
 from pytest_apc.measure.records import MeasurementError, Repeat, RunRecord
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.serving.metrics import Delta
-from pytest_apc.verdicts import tiers, verdict
+from pytest_apc.verdicts import tiers
 from pytest_apc.workload import offload
 from pytest_apc.workload.cases import OFFLOAD_TIER, SMALL_CACHE, RunKey, ServerMode, Workload, predict
 from tests.conftest import FAKE_VLLM
@@ -125,9 +126,9 @@ def test_the_tier_pays_off_when_it_hits_more_and_ttft_falls(pytester: pytest.Pyt
 
     s = config.resolve(pytester.parseconfig("--cpu-node"), environ={})
     without, with_tier = run("N", 1, 274_864, 0, ttft_ms=1309.0), run("O", 1, 274_864, 512_000, ttft_ms=280.0)
-    result = tiers.tier_pays_off(verdict.Pair(without, with_tier, s))
+    result = tiers.tier_pays_off(verdicts.Pair(without, with_tier, s))
     assert result.passed, result.message
-    same = tiers.tier_pays_off(verdict.Pair(without, run("O", 1, 274_864, 0, ttft_ms=1309.0), s))
+    same = tiers.tier_pays_off(verdicts.Pair(without, run("O", 1, 274_864, 0, ttft_ms=1309.0), s))
     assert not same.passed
     assert "the tier did not add hits" in same.message
     assert "not significant" in same.message
@@ -160,13 +161,13 @@ def test_tiers_cannot_be_told_apart_without_the_by_source_counters() -> None:
 def test_the_re_queue_over_count_is_named_not_blamed_on_apc() -> None:
     # O-c8 on the H200: queries and hits counted every retry of a waiting request.
     over = Delta(54_453_903, 9_256_048, TOKENS, 160_159, 288_928, 497_936, 0, {})
-    note = verdict.overcount(over, TOKENS)
+    note = verdicts.overcount(over, TOKENS)
     assert note is not None
     assert "43736" in note
     assert "not APC misbehaving" in note
-    assert verdict.overcount(Delta(TOKENS, 1, TOKENS, TOKENS - 1, 1, 0, 0, {}), TOKENS) is None
+    assert verdicts.overcount(Delta(TOKENS, 1, TOKENS, TOKENS - 1, 1, 0, 0, {}), TOKENS) is None
     # Without the by-source counters nothing shows the prompts were counted right: no excuse.
-    assert verdict.overcount(Delta(54_453_903, 9_256_048, TOKENS, None, None, None, 0, {}), TOKENS) is None
+    assert verdicts.overcount(Delta(54_453_903, 9_256_048, TOKENS, None, None, None, 0, {}), TOKENS) is None
     record = run("O", 8, 288_928, 497_936, queries=54_453_903)
     result = tiers.hits_across_tiers(record)
     assert result.passed, result.message

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pytest_apc import verdicts
 from pytest_apc.measure.records import MeasurementError, Repeat, RunRecord
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.serving.metrics import Delta
-from pytest_apc.verdicts import verdict
 from pytest_apc.workload.cases import RunKey, predict, workload_for
 
 N = 30
@@ -78,11 +78,11 @@ def test_healthy_pure_pair_passes(pytester) -> None:
     off = record(s, "C", 8, off_delta(s, "C"), 120.0)
     tokens = int(off.bench["total_input_tokens"])
     on = record(s, "D", 8, delta(tokens, off.prediction.expected_hits), 40.0)
-    pair = verdict.Pair(off, on, s)
-    assert verdict.cached_tokens_match(on).passed
-    assert verdict.apc_really_off(off).passed
-    assert verdict.prefill_saved(pair).passed
-    gain = verdict.ttft_gain(pair)
+    pair = verdicts.Pair(off, on, s)
+    assert verdicts.cached_tokens_match(on).passed
+    assert verdicts.apc_really_off(off).passed
+    assert verdicts.prefill_saved(pair).passed
+    gain = verdicts.ttft_gain(pair)
     assert gain.passed, gain.message
     assert gain.numbers["ttft_speedup"] == pytest.approx(3.0, rel=0.1)
 
@@ -90,7 +90,7 @@ def test_healthy_pure_pair_passes(pytester) -> None:
 def test_on_server_that_never_looks_up_is_diagnosed_as_apc_off(pytester) -> None:
     s = settings(pytester)
     on = record(s, "D", 8, Delta(0, 0, 1000, 1000, 0, 0, 0, {}), 40.0)
-    v = verdict.cached_tokens_match(on)
+    v = verdicts.cached_tokens_match(on)
     assert not v.passed
     assert "APC is off on the server: it made no prefix-cache lookups" in v.message
 
@@ -98,7 +98,7 @@ def test_on_server_that_never_looks_up_is_diagnosed_as_apc_off(pytester) -> None
 def test_off_server_that_hits_is_not_really_off(pytester) -> None:
     s = settings(pytester)
     off = record(s, "C", 8, delta(64000, 59000), 40.0)
-    v = verdict.apc_really_off(off)
+    v = verdicts.apc_really_off(off)
     assert not v.passed
     assert "the OFF server looked up the prefix cache, so it is not really off" in v.message
 
@@ -106,7 +106,7 @@ def test_off_server_that_hits_is_not_really_off(pytester) -> None:
 def test_preemptions_and_kv_capacity_are_named(pytester) -> None:
     s = settings(pytester)
     on = record(s, "D", 8, delta(64263, 20000, preemptions=11), 40.0, blocks=40)
-    v = verdict.cached_tokens_match(on)
+    v = verdicts.cached_tokens_match(on)
     assert not v.passed
     assert "11 preemptions during the run" in v.message
     assert "KV-cache capacity: concurrency 8 x 17 blocks per request = 136 blocks > the server's 40" in v.message
@@ -116,7 +116,7 @@ def test_block_size_larger_than_prefix_is_named(pytester) -> None:
     s = settings(pytester)
     off = record(s, "C", 8, delta(0, 0), 100.0, block_size=4096)
     on = record(s, "D", 8, delta(64263, 0), 100.0, block_size=4096)
-    v = verdict.ttft_gain(verdict.Pair(off, on, s))
+    v = verdicts.ttft_gain(verdicts.Pair(off, on, s))
     assert not v.passed
     assert "block size 4096 is larger than the shared prefix of 2074 tokens" in v.message
 
@@ -124,7 +124,7 @@ def test_block_size_larger_than_prefix_is_named(pytester) -> None:
 def test_prefixes_that_differ_are_the_fallback_diagnosis(pytester) -> None:
     s = settings(pytester)
     on = record(s, "D", 8, delta(64263, 1024), 40.0)
-    v = verdict.cached_tokens_match(on)
+    v = verdicts.cached_tokens_match(on)
     assert not v.passed
     assert "the prompts did not share the predicted prefix" in v.message
 
@@ -133,7 +133,7 @@ def test_no_significant_gain_fails_ttft_gain(pytester) -> None:
     s = settings(pytester)
     off = record(s, "C", 8, delta(0, 0), 100.0)
     on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 99.0)
-    v = verdict.ttft_gain(verdict.Pair(off, on, s))
+    v = verdicts.ttft_gain(verdicts.Pair(off, on, s))
     assert not v.passed
     assert "the gain is not significant" in v.message
     assert "the cache hit as predicted" in v.message
@@ -143,7 +143,7 @@ def test_apc_overhead_beyond_tolerance_fails(pytester) -> None:
     s = settings(pytester, "--apc-overhead-tolerance=0.1")
     off = record(s, "A", 8, delta(0, 0), 100.0)
     on = record(s, "B", 8, delta(int(off.bench["total_input_tokens"]), 0), 150.0)
-    v = verdict.not_slower(verdict.Pair(off, on, s))
+    v = verdicts.not_slower(verdicts.Pair(off, on, s))
     assert not v.passed
     assert "median TTFT is slower with APC by at least" in v.message
     assert "took 50% longer with APC" in v.message
@@ -153,7 +153,7 @@ def test_min_bound_fraction_gate(pytester) -> None:
     s = settings(pytester, "--apc-min-bound-fraction=0.5")
     off = record(s, "C", 8, delta(0, 0), 100.0)
     on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 50.0)
-    v = verdict.ttft_gain(verdict.Pair(off, on, s))
+    v = verdicts.ttft_gain(verdicts.Pair(off, on, s))
     assert not v.passed  # 2x is not half-way to the 13x bound
     assert "below 50% of the way to the bound" in v.message
 
@@ -165,7 +165,7 @@ def test_gpu_profile_fails_a_significant_but_negligible_gain(pytester) -> None:
     assert s.min_bound_fraction == 0.1
     off = record(s, "C", 8, delta(0, 0), 100.0)
     on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 90.0)
-    v = verdict.ttft_gain(verdict.Pair(off, on, s))
+    v = verdicts.ttft_gain(verdicts.Pair(off, on, s))
     assert v.numbers["ttft_speedup_low"] > 1.0  # significant
     assert not v.passed  # but 1.1x of a bound above 100x is nothing
     assert "below 10% of the way to the bound" in v.message
@@ -175,20 +175,20 @@ def test_missing_counters_cannot_verify(pytester) -> None:
     s = settings(pytester)
     on = record(s, "D", 8, Delta(None, None, 10, None, None, None, None, {}), 40.0)
     with pytest.raises(MeasurementError, match="has no prefix_cache_queries, prefix_cache_hits counter"):
-        verdict.cached_tokens_match(on)
+        verdicts.cached_tokens_match(on)
     broken = record(s, "D", 8, None, 40.0, error="/metrics is not valid Prometheus text")
     with pytest.raises(MeasurementError, match="cannot verify the prefix cache of run D-c8"):
-        verdict.cached_tokens_match(broken)
+        verdicts.cached_tokens_match(broken)
 
 
 def test_rag_effect_switches_on_concurrency(pytester) -> None:
     s = settings(pytester, "--apc-low-concurrency=1")
     off1, on1 = record(s, "E", 1, delta(0, 0), 80.0), record(s, "F", 1, delta(1, 0), 79.0)
-    assert verdict.rag_effect(verdict.Pair(off1, on1, s)).name == "ttft_gain"
+    assert verdicts.rag_effect(verdicts.Pair(off1, on1, s)).name == "ttft_gain"
     off8, on8 = record(s, "E", 8, delta(0, 0), 80.0), record(s, "F", 8, delta(1, 0), 79.0)
-    assert verdict.rag_effect(verdict.Pair(off8, on8, s)).name == "not_slower"
+    assert verdicts.rag_effect(verdicts.Pair(off8, on8, s)).name == "not_slower"
     # The CPU profile's default (0): not slower at every level.
-    assert verdict.rag_effect(verdict.Pair(off1, on1, settings(pytester))).name == "not_slower"
+    assert verdicts.rag_effect(verdicts.Pair(off1, on1, settings(pytester))).name == "not_slower"
 
 
 def test_pure_effect_switches_on_the_profile_limit(pytester) -> None:
@@ -196,12 +196,12 @@ def test_pure_effect_switches_on_the_profile_limit(pytester) -> None:
     gpu = settings(pytester, "--apc-pure-gain-concurrency=0")  # every level
     up_to_1 = settings(pytester, "--apc-pure-gain-concurrency=1")
     off2, on2 = record(cpu, "C", 2, off_delta(cpu, "C"), 100.0), record(cpu, "D", 2, delta(1, 0), 100.0)
-    assert verdict.pure_effect(verdict.Pair(off2, on2, cpu)).name == "not_slower"
-    assert verdict.pure_effect(verdict.Pair(off2, on2, gpu)).name == "ttft_gain"
-    assert verdict.pure_effect(verdict.Pair(off2, on2, up_to_1)).name == "not_slower"
+    assert verdicts.pure_effect(verdicts.Pair(off2, on2, cpu)).name == "not_slower"
+    assert verdicts.pure_effect(verdicts.Pair(off2, on2, gpu)).name == "ttft_gain"
+    assert verdicts.pure_effect(verdicts.Pair(off2, on2, up_to_1)).name == "not_slower"
     off1, on1 = record(cpu, "C", 1, off_delta(cpu, "C"), 100.0), record(cpu, "D", 1, delta(1, 0), 100.0)
-    assert verdict.pure_effect(verdict.Pair(off1, on1, cpu)).name == "not_slower"
-    assert verdict.pure_effect(verdict.Pair(off1, on1, up_to_1)).name == "ttft_gain"
+    assert verdicts.pure_effect(verdicts.Pair(off1, on1, cpu)).name == "not_slower"
+    assert verdicts.pure_effect(verdicts.Pair(off1, on1, up_to_1)).name == "ttft_gain"
 
 
 def test_same_as_default_fails_on_other_hits_and_slowness(pytester) -> None:
@@ -209,12 +209,12 @@ def test_same_as_default_fails_on_other_hits_and_slowness(pytester) -> None:
     default = record(s, "D", 8, delta(64263, 59392), 40.0)
     algo = record(s, "D", 8, delta(64263, 58368), 80.0)
     algo.key = RunKey("D", 8, "xxhash")
-    v = verdict.same_as_default(algo, default, s)
+    v = verdicts.same_as_default(algo, default, s)
     assert not v.passed
     assert "cached tokens 58,368 differ from the default's 59,392" in v.message
     assert "median TTFT is slower than the default by at least" in v.message
     assert "the run took 100% longer than with the default (tolerance 10%)" in v.message
-    assert verdict.same_as_default(default, default, s).passed
+    assert verdicts.same_as_default(default, default, s).passed
 
 
 def test_a_warm_cache_is_too_many_hits(pytester) -> None:
@@ -225,15 +225,15 @@ def test_a_warm_cache_is_too_many_hits(pytester) -> None:
     tokens = int(record(s, "D", 8, None, 40.0).bench["total_input_tokens"])
     cold = record(s, "D", 8, delta(tokens, 59392), 40.0)
     assert cold.prediction.tolerance_above == 1024  # half of one request's 16 shared blocks of 128
-    assert verdict.cached_tokens_match(cold).passed
+    assert verdicts.cached_tokens_match(cold).passed
     warm = record(s, "D", 8, delta(tokens, 59392 + 2048), 40.0)
-    v = verdict.cached_tokens_match(warm)
+    v = verdicts.cached_tokens_match(warm)
     assert not v.passed
     assert "hits 61,440 are not within -3,712/+1,024 of the predicted 59,392" in v.message
     assert "diagnosis: the cache was warm: 61,440 is about N x 2,048" in v.message
     chance = record(s, "D", 8, delta(tokens, 59392 + 128), 40.0)  # one suffix block shared by chance
-    assert verdict.cached_tokens_match(chance).passed
-    more = verdict.cached_tokens_match(record(s, "D", 8, delta(tokens, 59392 + 3328), 40.0))  # beyond warm
+    assert verdicts.cached_tokens_match(chance).passed
+    more = verdicts.cached_tokens_match(record(s, "D", 8, delta(tokens, 59392 + 3328), 40.0))  # beyond warm
     assert not more.passed
     assert "diagnosis: the prompts shared more than the predicted prefix" in more.message
 
@@ -244,7 +244,7 @@ def test_no_hits_fail_even_within_one_block_per_request(pytester) -> None:
     tokens = int(record(s, "D", 8, None, 40.0).bench["total_input_tokens"])
     on = record(s, "D", 8, delta(tokens, 0), 40.0, block_size=2048)
     assert on.prediction.expected_hits == on.prediction.tolerance == 29 * 2048
-    v = verdict.cached_tokens_match(on)
+    v = verdicts.cached_tokens_match(on)
     assert not v.passed
     assert "no cached tokens at all, where the prediction expects some" in v.message
     assert "diagnosis:" in v.message
@@ -254,12 +254,12 @@ def test_runs_with_other_prompts_or_servers_are_not_comparable(pytester) -> None
     s = settings(pytester)
     off = record(s, "C", 8, off_delta(s, "C"), 120.0)
     on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), 59392), 40.0)
-    assert verdict.not_comparable(off, on) == []
+    assert verdicts.not_comparable(off, on) == []
     on.repeats[0].bench["total_input_tokens"] += 5
     on.server.version, off.server.version = "0.32.0", "0.26.0"
     off.server.cache_config.update(cache_dtype="auto", num_gpu_blocks="58546")
     on.server.cache_config.update(cache_dtype="fp8", num_gpu_blocks="58576")  # blocks: measured, may differ
-    problems = verdict.not_comparable(off, on)
+    problems = verdicts.not_comparable(off, on)
     assert problems[0].startswith("the benchmark sent other prompts: total input tokens [64140] vs [64145]")
     assert problems[1] == "vLLM version 0.26.0 on apc-off vs 0.32.0 on apc-on"
     assert problems[2:] == ["cache config cache_dtype=auto on apc-off vs fp8 on apc-on"]
@@ -299,7 +299,7 @@ def test_every_repeat_reaches_the_numbers_and_the_first_failure_leads(pytester) 
     tokens = int(off.bench["total_input_tokens"])
     looked_up = dataclasses.replace(off.repeats[0], delta=delta(tokens, 0))  # an OFF server that queried
     off = dataclasses.replace(off, repeats=[looked_up, off.repeats[0]])
-    v = verdict.apc_really_off(off)
+    v = verdicts.apc_really_off(off)
     assert not v.passed
     assert [r["queries"] for r in v.numbers["repeats"]] == [tokens, 0]
     assert v.numbers["queries"] == tokens  # the failed repeat, not the last one
@@ -307,14 +307,14 @@ def test_every_repeat_reaches_the_numbers_and_the_first_failure_leads(pytester) 
     on = record(s, "D", 8, delta(tokens, off.prediction.expected_hits), 40.0)
     short = dataclasses.replace(on.repeats[0], delta=delta(tokens, on.prediction.expected_hits // 2))
     on = dataclasses.replace(on, repeats=[short, on.repeats[0]])
-    v = verdict.cached_tokens_match(on)
+    v = verdicts.cached_tokens_match(on)
     assert not v.passed
     assert [r["hits"] for r in v.numbers["repeats"]] == [on.prediction.expected_hits // 2, on.prediction.expected_hits]
     assert v.numbers["hits"] == on.prediction.expected_hits // 2
     assert v.numbers["expected_hits"] == on.prediction.expected_hits
 
     healthy = dataclasses.replace(on, repeats=[on.repeats[1], on.repeats[1]])
-    v = verdict.cached_tokens_match(healthy)
+    v = verdicts.cached_tokens_match(healthy)
     assert v.passed
     assert len(v.numbers["repeats"]) == 2
     assert v.numbers["hits"] == on.prediction.expected_hits

@@ -43,8 +43,6 @@ COMPARED_SETTINGS = (
     "input_len",
     "seed",
 )
-# Settings a results file of an older version may lack, and the value that version ran with.
-SETTINGS_BEFORE_THEY_EXISTED: dict[str, Any] = {"model_shape": ""}
 # The version the generated models' names encode: tiny-llama-v2-<digest>, llama-3.1-8b-shape-v2-<digest>.
 _GENERATED_VERSION = re.compile(r"^(?P<kind>.+)-v(?P<version>\d+)-[0-9a-f]+$")
 # Versions of the software under test: what a release gate compares, so a difference is named, not refused.
@@ -122,14 +120,10 @@ def _model_difference(here: str, there: str) -> dict[str, Any] | None:
 
 
 def _gpus(doc: Mapping[str, Any]) -> tuple[str | None, int | None]:
-    """GPU model and count a results document ran with; files before schema_version 4 listed every GPU of
-    the node (``environment.gpus``); (None, None) when nothing was recorded."""
+    """GPU model and count a results document ran with; (None, None) when nothing was recorded."""
     env = doc.get("environment") or {}
     if "gpu_count" in env:
         return env.get("gpu_model"), int(env["gpu_count"])
-    listed = env.get("gpus")
-    if isinstance(listed, list):
-        return ", ".join(sorted(set(map(str, listed)))) or None, len(listed)
     return None, None
 
 
@@ -160,14 +154,11 @@ def differences(here: Mapping[str, Any], there: Mapping[str, Any]) -> list[dict[
         found.append(model_difference)
     here_settings, there_settings = here.get("settings") or {}, there.get("settings") or {}
     for name in COMPARED_SETTINGS:
-        value = here_settings.get(name, SETTINGS_BEFORE_THEY_EXISTED.get(name))
-        if name in there_settings:
-            other = there_settings[name]
-        elif name in SETTINGS_BEFORE_THEY_EXISTED:
-            other = SETTINGS_BEFORE_THEY_EXISTED[name]
-        else:
+        value = here_settings.get(name)
+        if name not in there_settings:
             found.append({"what": name, "here": value, "there": None, "note": "not recorded in the baseline"})
             continue
+        other = there_settings[name]
         if value != other:
             found.append({"what": name, "here": value, "there": other})
     here_blocks = _apc_on_block_sizes(here.get("servers") or [])

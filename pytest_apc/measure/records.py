@@ -3,7 +3,7 @@ identity of the server each ran on, and the error of a run that could not be mea
 
 Plain data only (no servers, no benchmark): it crosses between xdist workers as JSON through the run's
 store (``Measured.to_state`` / ``from_state``) and is what the results file is written from
-(``RunRecord.to_json``) and read back as (``RunRecord.from_json``, any schema version): the verdicts, the
+(``RunRecord.to_json``) and read back as (``RunRecord.from_json``, the current schema version): the verdicts, the
 report's rows and the baseline gate all read runs as :class:`RunRecord`.
 """
 
@@ -42,7 +42,7 @@ class Repeat:
     router_command: str = ""  # the router that routed this repeat (a fleet behind a launched router)
     prompt_groups: list[int] = field(default_factory=list)  # each request's prefix group, in sending order
     # A repeat read back from a results file: the mean and median TTFT (ms) the file stored for it (None
-    # where its version kept none). They are what the gate judges, not recomputed from the file's
+    # where the run did not measure it). They are what the gate judges, not recomputed from the file's
     # per-request TTFTs, which it rounds.
     stored_ttft_ms: dict[str, float | None] | None = None
 
@@ -227,23 +227,17 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, run: Mapping[str, Any], server: ServerInfo | None = None) -> RunRecord:
-        """A ``runs[]`` entry of a results file of any schema version (what :meth:`to_json`, or an older
-        version of it, wrote), read back; ``server`` is the ``servers[]`` entry it ran on (a bare one of its
-        mode when the file has none). The key is the run's id.
+        """A ``runs[]`` entry of a results file (what :meth:`to_json` wrote), read back; ``server`` is the
+        ``servers[]`` entry it ran on (a bare one of its mode when the file has none). The key is the run's id.
 
         A file keeps less than the run had. Each repeat gets the run's benchmark totals, its own duration,
         counters and stored TTFTs, and its share of the pooled per-request TTFTs (``ttfts_ms``, in repeat
-        order) where they split evenly. Files before schema_version 4 stored no per-repeat TTFT: a repeat's
-        mean is then the mean of its share (its median stays unknown). Fields a version did not write read
-        as absent (None, 0 or empty)."""
+        order) where they split evenly. Optional fields the file lacks read as absent (None, 0 or empty)."""
         key = RunKey.parse(str(run["id"]))
-        counters = list(run.get("repeat_counters") or []) or [{}] * int(run.get("repeats") or 1)
+        counters = list(run["repeat_counters"])
         shares = _shares([float(t) for t in run.get("ttfts_ms") or []], len(counters))
-        means = [c.get("mean_ttft_ms") for c in counters]
-        if not all(_positive(v) for v in means):  # not stored (before schema_version 4) or not for every repeat
-            means = [float(np.mean(share)) for share in shares] if shares else [None] * len(counters)
         repeats = [
-            _repeat_from_json(run, counter, means[i], shares[i] if shares else [], first=i == 0)
+            _repeat_from_json(run, counter, shares[i] if shares else [], first=i == 0)
             for i, counter in enumerate(counters)
         ]
         workload = Workload(
@@ -256,7 +250,7 @@ class RunRecord:
             prefix_groups=int(run.get("prefix_groups") or 1),
         )
         mode = str(run.get("server") or key.mode.name)
-        answers = run.get("answers") or {}  # since schema_version 7
+        answers = run.get("answers") or {}
         return cls(
             key=key,
             workload=workload,
@@ -272,21 +266,16 @@ class RunRecord:
         )
 
 
-def _repeat_from_json(
-    run: Mapping[str, Any], counter: Mapping[str, Any], mean: float | None, share: list[float], *, first: bool
-) -> Repeat:
+def _repeat_from_json(run: Mapping[str, Any], counter: Mapping[str, Any], share: list[float], *, first: bool) -> Repeat:
     """One repeat of a stored run: its ``repeat_counters[]`` entry, with the run's totals (every repeat sends
     the same prompts) and its share of the pooled per-request TTFTs."""
     totals = {name: run.get(name) for name in ("completed", "failed", "total_input_tokens", "total_output_tokens")}
-    median = counter.get("median_ttft_ms")
+    mean, median = counter.get("mean_ttft_ms"), counter.get("median_ttft_ms")
     bench = {**totals, "duration": counter.get("duration_s"), "ttfts": [t / 1000.0 for t in share],
              "mean_ttft_ms": mean, "median_ttft_ms": median}  # fmt: skip
-    delta = _delta(counter.get("delta"))
-    if delta is None and first and run.get("prefix_cache_hits") is not None:
-        delta = _delta(run)  # a file that kept only the run's counters (its first repeat's)
     return Repeat(
         bench=bench,
-        delta=delta,
+        delta=_delta(counter.get("delta")),
         metrics_error=run.get("metrics_error") if first else None,
         reset=run.get("reset"),
         result_file=str(counter.get("file") or run.get("bench_result_file") or ""),
@@ -299,15 +288,11 @@ def _repeat_from_json(
 
 
 def server_from_json(info: Mapping[str, Any]) -> ServerInfo:
-    """A ``servers[]`` entry of a results file of any schema version, read back (fields it lacks take
-    their defaults; ones this version does not know are left out)."""
+    """A ``servers[]`` entry of a results file, read back (fields it lacks take their defaults; ones this
+    version does not know are left out)."""
     known = {f.name for f in dataclasses.fields(ServerInfo)}
     given = {name: value for name, value in info.items() if name in known}
     return ServerInfo(**{"mode": "", "command": [], "url": "", "log": "", **given})
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def _shares(values: list[float], k: int) -> list[list[float]] | None:
@@ -320,7 +305,7 @@ def _shares(values: list[float], k: int) -> list[list[float]] | None:
 
 
 def _delta(data: Mapping[str, Any] | None) -> metrics.Delta | None:
-    """Counter deltas as a results file stores them (``Delta.as_dict``; older versions lack some)."""
+    """Counter deltas as a results file stores them (``Delta.as_dict``; a counter the server lacked is None)."""
     if data is None:
         return None
     values: dict[str, Any] = {f.name: data.get(f.name) for f in dataclasses.fields(metrics.Delta)}
@@ -328,14 +313,11 @@ def _delta(data: Mapping[str, Any] | None) -> metrics.Delta | None:
 
 
 def _prediction(data: Mapping[str, Any] | None) -> Prediction | None:
-    """A stored prediction; None where the file has none, or one of a version that lacked its fields."""
+    """A stored prediction; None where the file has none."""
     if data is None:
         return None
     names = {f.name for f in dataclasses.fields(Prediction)}
-    try:
-        return Prediction(**{name: value for name, value in data.items() if name in names})
-    except TypeError:  # schema_version 1 predictions lack tolerance_above
-        return None
+    return Prediction(**{name: value for name, value in data.items() if name in names})
 
 
 def tier_hits(d: metrics.Delta) -> int | None:

@@ -1,5 +1,7 @@
 """``ControllerReporter``: on the controller only, gathers what every test said, gates the exit status,
-writes the final results.json, summary.md and plots once, and prints the table."""
+writes the final results.json, summary.md and plots once, and prints the table. The results document is
+built once, after the tests ran, and every output reads it: the gate, the table, summary.md and the final
+write (which adds the gate's verdict, the files and the timing)."""
 
 from __future__ import annotations
 
@@ -50,7 +52,8 @@ class ControllerReporter:
         self.outcomes = Outcomes()
         self.gate = Gate()
         self.data: ReportData | None = None
-        self._environment: dict[str, Any] | None = None
+        self._document: dict[str, Any] | None = None
+        self._view: ReportView | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         properties = dict(report.user_properties)
@@ -69,16 +72,27 @@ class ControllerReporter:
             self.data = ReportData.build(self.apc.measured.records, self.outcomes, self.apc.settings)
         return self.data
 
-    def document(self, files: dict[str, Any] | None = None) -> dict[str, Any]:
-        """This session's results document as results.json holds it: what every report reads."""
-        data = self.report_data()  # first: under xdist it loads what the workers measured
-        if self._environment is None:
-            self._environment = environment(self.apc.measured.servers, self.apc.run_dir.parent)
-        report = {"environment": self._environment, **report_blocks(data, self.gate)}
-        return results.of_session(self.apc, report, files)
+    def document(self) -> dict[str, Any]:
+        """This session's results document as results.json holds it, built once: what every report reads."""
+        if self._document is None:
+            data = self.report_data()  # first: under xdist it loads what the workers measured
+            report = {"environment": environment(self.apc.measured.servers, self.apc.run_dir.parent),
+                      **report_blocks(data, self.gate)}  # fmt: skip
+            self._document = results.of_session(self.apc, report)
+        return self._document
 
     def view(self) -> ReportView:
-        return ReportView.from_document(self.document(), str(self.apc.json_path))
+        """What the table and summary.md show, read from the document once."""
+        if self._view is None:
+            self._view = ReportView.from_document(self.document(), str(self.apc.json_path))
+        return self._view
+
+    def _gated(self, gate: Gate) -> None:
+        """The gate's verdict, and its warnings, into the document (and the view read from it)."""
+        self.gate = gate
+        self.apc.measured.warnings.extend(gate.warnings)
+        blocks = {"warnings": list(self.apc.measured.warnings), "gate": gate.to_json()}
+        self._document, self._view = results.with_blocks(self.document(), blocks), None
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Any:
@@ -88,11 +102,10 @@ class ControllerReporter:
             return result  # nothing was measured (or no APC test selected, under xdist), so there is nothing to gate
         settings = self.apc.settings
         if self.baseline is not None:
-            self.gate = compare_documents(
+            self._gated(compare_documents(
                 self.baseline.results, self.document(), self.baseline.path, settings.baseline_false_alarm,
                 settings.baseline_repeats,
-            )  # fmt: skip
-            self.apc.measured.warnings.extend(self.gate.warnings)
+            ))  # fmt: skip
             if self.gate.failures:
                 session.testsfailed += 1
         return result
@@ -112,7 +125,9 @@ class ControllerReporter:
         apc.json_path.parent.mkdir(parents=True, exist_ok=True)
         written = plots(data, apc.json_path.parent)
         files = {"json": str(apc.json_path), "markdown": str(md_path), "plots": written}
-        results.write(apc.json_path, self.document(files))  # built after the plots: its timing counts them
+        # The timing taken after the plots, so that it counts them.
+        final = {"files": files, "timing": results.timing(apc.measured, apc.elapsed_s())}
+        results.write(apc.json_path, results.with_blocks(self.document(), final))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.config.option.collectonly:

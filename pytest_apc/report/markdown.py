@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from tabulate import tabulate
 
 from pytest_apc.report.terminal import fleet_lead, offload_lead, server_lines
-from pytest_apc.results.columns import Row, cells, widest
+from pytest_apc.results.columns import Row, cells
 from pytest_apc.results.formatting import first_line
 from pytest_apc.results.rows import AlgoRow, FleetRow, PairRow, TierRow
 from pytest_apc.results.view import ReportView
@@ -19,9 +19,8 @@ from pytest_apc.workload.cases import CASE_PURPOSE
 
 
 def _table(kind: type[Row], rows: Sequence[Row]) -> str:
-    """A summary.md table: every column the rows' class declares for the file (a schema_version 1 file's
-    pair rows have one more)."""
-    headers, body = cells(widest(kind, rows).markdown_columns(rows), rows)
+    """A summary.md table: every column the rows' class declares for the file."""
+    headers, body = cells(kind.markdown_columns(rows), rows)
     return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
 
 
@@ -37,8 +36,6 @@ def markdown(view: ReportView) -> str:
         lines += ["", f"{fleet_lead(view.fleet)}:"]
         lines += ["", _table(FleetRow, view.fleet), ""]
         lines += [f"- FLEET {n.id}: {first_line(n.error)}" for n in view.fleet if n.error]
-    if view.fleet_without_rows:
-        lines += ["", f"Fleet runs {', '.join(view.fleet_without_rows)}: no fleet table in this file.", ""]
     if view.offload:
         lines += ["", f"{offload_lead(view.offload)}:"]
         lines += ["", _table(TierRow, view.offload), ""]

@@ -138,8 +138,9 @@ class RunProgress:
 
 
 def table(rows: Rows[PairRow], verbose: bool = False) -> str:
-    """The validation table of pair rows (results.json's ``pairs``, where schema_version 1 also kept the rows
-    of hash-algorithm servers, named e.g. ``E/F xxhash``); fits 120 columns, -v adds columns."""
+    """The validation table of pair rows (results.json's ``pairs``; a file first written by schema_version 1
+    also keeps the rows of hash-algorithm servers there, named e.g. ``E/F xxhash``); fits 120 columns, -v adds
+    columns."""
     return rendered(PairRow, rows, verbose)
 
 
@@ -197,39 +198,12 @@ def fleet_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Mark
         lines.append((fleet_lead(view.fleet), {}))
         lines.append((fleet_table(view.fleet, verbose), {}))
         lines += [(f"FLEET {n.id}: {first_line(n.error)}", {"red": True}) for n in view.fleet if n.error]
-    if view.fleet_without_rows:
-        lines.append(
-            (
-                f"fleet runs {', '.join(view.fleet_without_rows)}: no fleet table in this file (written before "
-                "schema_version 3); their counters are in runs[].repeat_counters[].parts",
-                {},
-            )
-        )
     return lines
-
-
-def _pair_gate_table(rows: list[dict[str, Any]]) -> str:
-    """The gate rows of a results file before schema_version 4 (pair rows, a tolerance per metric)."""
-    body = []
-    for row in rows:
-        cells = []
-        for m in row["metrics"]:
-            text = f"{num(m['was'])} -> {num(m['now'])}"
-            if m["limit"] is not None:
-                text += f" ({'<=' if m['metric'] == 'ttft_on' else '>='} {num(m['limit'])})"
-            if m["result"] == "REGRESSED":
-                text += " !"
-            cells.append(text)
-        body.append([row["pair"], row["concurrency"], *cells, row["result"]])
-    headers = ["pair", "c", "TTFT ON ms", "gain OFF/ON", "cached tokens", "vs baseline"]
-    return tabulate(body, headers=headers, disable_numparse=True)
 
 
 def gate_table(rows: list[dict[str, Any]]) -> str:
     """Every run the baseline gate compared: its repeats (baseline/now), mean TTFT baseline -> now (limit)
     with the change and the smallest slowdown the limit catches, cached tokens, and whether it regressed."""
-    if rows and "pair" in rows[0]:
-        return _pair_gate_table(rows)
     body = []
     for row in rows:
         metrics = {m["metric"]: m for m in row["metrics"]}
@@ -321,7 +295,7 @@ def summary_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Ma
     """The terminal summary below its separator, each line with its markup for pytest's terminal writer."""
     lines: list[tuple[str, Markup]] = []
     model = model_path_for_display(view.model)
-    fleet_only = not view.pairs and bool(view.fleet or view.fleet_without_rows or view.offload)
+    fleet_only = not view.pairs and bool(view.fleet or view.offload)
     legend = "" if fleet_only else "; TTFT OFF>ON; gain = median TTFT OFF/ON"
     lines.append((f"model {model} ({view.profile} profile){legend}", {}))
     lines += [(line, {}) for line in server_lines(view.servers, view.launches)]

@@ -68,8 +68,8 @@ class Row:
 
     @classmethod
     def from_json(cls: type[R], row: Mapping[str, Any]) -> R:
-        """The row as a results file stores it, of any schema version that has the table: nothing is
-        recomputed; a key the file lacks reads as the field's default, else None."""
+        """The row as a results file stores it: nothing is recomputed; a key the file lacks (a sparse column)
+        reads as the field's default, else None."""
         return cls(
             **{f.name: row.get(f.name, None if f.default is MISSING else f.default) for f in cls.stored_fields()}
         )
@@ -101,12 +101,6 @@ class Row:
     def terminal_columns(cls, rows: Sequence[Any], verbose: bool = False) -> list[Column[Any]]:
         """The terminal table's columns for these rows (-v adds its own)."""
         return [c for c in cls.TERMINAL if (verbose or not c.verbose) and (c.shown is None or c.shown(rows))]
-
-
-def widest(kind: type[R], rows: Sequence[R]) -> type[R]:
-    """The most derived class among ``rows`` (at least ``kind``): a table of rows from an older schema
-    version takes the columns that version had."""
-    return max((type(row) for row in rows), key=lambda t: len(t.__mro__), default=kind)
 
 
 def cells(columns: Sequence[Column[Any]], rows: Sequence[Any]) -> tuple[list[str], list[list[object]]]:

@@ -22,16 +22,14 @@ from pytest_apc.redaction import redact
 from pytest_apc.workload.cases import CASE_FAMILY
 
 FILE_NAME = "results.json"  # in the run's folder, unless --apc-json names another file
-SCHEMA_VERSION = 9
-SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)  # every version pytest-apc has written; readers accept each
+SCHEMA_VERSION = 9  # the one version read; a file of an older one is migrated first (MIGRATE names how)
+SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)  # every version pytest-apc has written
+MIGRATE = "python scripts/migrate_results.py"  # rewrites a file of an older version as the current one
 
 
 def document(settings: Settings, measured: Measured, model: str, started_at: str, elapsed_s: float) -> dict[str, Any]:
     """The measured part of the results file, with the time accounting of the suite."""
     records = sorted(measured.records.values(), key=lambda r: (CASE_FAMILY[r.key.case], r.key))
-    bench_s = sum(float(rep.bench["duration"]) for r in records for rep in r.repeats)
-    measure_s = sum(r.wall_s for r in records)
-    server_s = measured.server_seconds
     return {
         "schema_version": SCHEMA_VERSION,
         "started_at": started_at,
@@ -43,35 +41,43 @@ def document(settings: Settings, measured: Measured, model: str, started_at: str
         "runs": [r.to_json() for r in records],
         "errors": {k.id: v for k, v in sorted(measured.errors.items())},
         "warnings": measured.warnings,
-        "timing": {
-            "suite_elapsed_s": round(elapsed_s, 3),
-            "server_lifecycle_s": round(server_s, 3),
-            "measurements_wall_s": round(measure_s, 3),
-            "bench_duration_s": round(bench_s, 3),
-            # Time the suite spent on anything but starting/stopping servers and measuring.
-            "harness_overhead_s": round(elapsed_s - server_s - measure_s, 3),
-            # Suite time over (server lifecycle + the benchmarks' own durations); target <= 1.05 on GPU.
-            "overhead_ratio": round(elapsed_s / (server_s + bench_s), 3) if server_s + bench_s > 0 else None,
-        },
+        "timing": timing(measured, elapsed_s),
     }
 
 
-def of_session(
-    session: ApcSession, report: Mapping[str, Any] | None = None, files: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The session's results document: what it measured so far, ``report`` (the controller's part:
-    environment, verdicts, rows, gate) and ``files`` (where the report wrote its files), in the file's
-    order. "verdicts" is required by the schema; until the controller's final write it is empty."""
+def timing(measured: Measured, elapsed_s: float) -> dict[str, Any]:
+    """The time accounting of the suite after ``elapsed_s`` seconds: the file's ``timing`` block."""
+    records = measured.records.values()
+    bench_s = sum(float(rep.bench["duration"]) for r in records for rep in r.repeats)
+    measure_s = sum(r.wall_s for r in records)
+    server_s = measured.server_seconds
+    return {
+        "suite_elapsed_s": round(elapsed_s, 3),
+        "server_lifecycle_s": round(server_s, 3),
+        "measurements_wall_s": round(measure_s, 3),
+        "bench_duration_s": round(bench_s, 3),
+        # Time the suite spent on anything but starting/stopping servers and measuring.
+        "harness_overhead_s": round(elapsed_s - server_s - measure_s, 3),
+        # Suite time over (server lifecycle + the benchmarks' own durations); target <= 1.05 on GPU.
+        "overhead_ratio": round(elapsed_s / (server_s + bench_s), 3) if server_s + bench_s > 0 else None,
+    }
+
+
+def of_session(session: ApcSession, report: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The session's results document: what it measured so far and ``report`` (the controller's part:
+    environment, verdicts, rows, gate), in the file's order. "verdicts" is required by the schema; until
+    the controller's final write it is empty."""
     measured = document(session.settings, session.measured, session.json_model(), session.started_at,
                         session.elapsed_s())  # fmt: skip
-    return with_blocks(measured, {"verdicts": [], **(report or {}), **({"files": dict(files)} if files else {})})
+    return with_blocks(measured, {"verdicts": [], **(report or {})})
 
 
 def with_blocks(doc: Mapping[str, Any], blocks: Mapping[str, Any]) -> dict[str, Any]:
-    """``doc`` with ``blocks`` added or replaced, the timing staying the last block (where a reader of
-    the file looks for how long the suite took)."""
-    timing = {"timing": doc["timing"]} if "timing" in doc else {}
-    return {**{k: v for k, v in doc.items() if k != "timing"}, **blocks, **timing}
+    """``doc`` with ``blocks`` added or replaced, the timing (``blocks``' own, else ``doc``'s) staying the last
+    block (where a reader of the file looks for how long the suite took)."""
+    timing = {"timing": blocks.get("timing", doc.get("timing"))} if "timing" in {*doc, *blocks} else {}
+    added = {k: v for k, v in blocks.items() if k != "timing"}
+    return {**{k: v for k, v in doc.items() if k != "timing"}, **added, **timing}
 
 
 def publish(session: ApcSession) -> None:

@@ -1,7 +1,8 @@
 """Results files read back: the one reader of ``results.json`` for ``report``, ``compare``, ``calibrate``
 and ``--apc-baseline``.
 
-:func:`read` checks a file before anything uses it: JSON, a schema version this package knows, the schema
+:func:`read` checks a file before anything uses it: JSON, the current schema version (a file of an older one
+is refused with the command that migrates it), the schema
 (``results.schema.json``, with what its version requires), then what the schema cannot say (a run's id
 agrees with its case and concurrency, each run once, one counter entry per repeat). It returns a
 :class:`Results`: the document as the file holds it, and its runs as
@@ -23,7 +24,7 @@ import jsonschema
 
 from pytest_apc.measure.records import RunRecord, server_from_json
 from pytest_apc.results import SCHEMA_PATH
-from pytest_apc.results.document import SCHEMA_VERSIONS
+from pytest_apc.results.document import MIGRATE, SCHEMA_VERSION, SCHEMA_VERSIONS
 from pytest_apc.workload.cases import CASE_APC, CASE_FAMILY, RunKey
 
 
@@ -66,9 +67,15 @@ def read(path: Path, role: str = "results file") -> Results:
     version = doc.get("schema_version")
     if version is None:
         raise BadResults(f"{role} {path} is not a pytest-apc results file (no schema_version)")
-    if version not in SCHEMA_VERSIONS or isinstance(version, bool):
-        known = ", ".join(map(str, SCHEMA_VERSIONS))
-        raise BadResults(_one_line(f"{role} {path} has schema_version {version!r}; this pytest-apc reads {known}"))
+    if version in SCHEMA_VERSIONS and version != SCHEMA_VERSION and not isinstance(version, bool):
+        raise BadResults(
+            f"{role} {path} has schema_version {version}, older than the {SCHEMA_VERSION} this pytest-apc reads; "
+            f"migrate it with: {MIGRATE} {path}"
+        )
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise BadResults(
+            _one_line(f"{role} {path} has schema_version {version!r}; this pytest-apc reads {SCHEMA_VERSION}")
+        )
     found = problem(doc)
     if found is None:
         try:

@@ -8,7 +8,10 @@ are results.json's ``pairs``, ``hash_algos``, ``fleet`` and ``offload`` rows and
 baseline gate, results.json) reads the same :class:`ReportData`, so the bootstrap behind each row runs
 once, and ``python -m pytest_apc report`` re-reads a file's rows through :meth:`Row.from_json`.
 
-Every kind of row is judged by one rule (:meth:`Outcomes.verdict`).
+Every kind of row is judged by one rule (:meth:`Outcomes.verdict_label`). A number that a verdict also
+judges (the TTFT gain and ratio with their intervals, the cached tokens, where a fleet's requests landed,
+the answers) is read from :mod:`pytest_apc.verdicts.figures` and :func:`pytest_apc.verdicts.answers.compared`,
+which compute it once on every repeat for the verdict and the row alike.
 """
 
 from __future__ import annotations
@@ -21,9 +24,8 @@ from pytest_apc.config import Settings
 from pytest_apc.measure.records import MeasurementError, RunRecord, tier_hits
 from pytest_apc.results.columns import Column, Row, present, stored
 from pytest_apc.results.formatting import compact, num
-from pytest_apc.verdicts import affinity, answers, locality
-from pytest_apc.verdicts.stats import Interval, median_interval, ratio_of_medians
-from pytest_apc.verdicts.verdict import Pair
+from pytest_apc.verdicts import affinity, answers, figures, locality
+from pytest_apc.verdicts.stats import Interval, median_interval
 from pytest_apc.workload.cases import PAIRS, RunKey
 
 
@@ -34,7 +36,7 @@ class Outcomes:
     verdicts: list[dict[str, Any]] = field(default_factory=list)  # Verdict.to_json() + "test" and "outcome"
     failed_runs: set[str] = field(default_factory=set)  # ids of runs whose test failed before any verdict
 
-    def verdict(self, runs: Collection[str], compared_with: Collection[str] = ()) -> str:
+    def verdict_label(self, runs: Collection[str], compared_with: Collection[str] = ()) -> str:
         """The verdict of a row about ``runs`` (the runs it shows beside them for comparison, whose own
         verdicts belong to their own rows, are ``compared_with``): FAIL when a verdict about its runs failed
         or its test did, or a test about its runs failed before any verdict; PASS when verdicts judged them
@@ -124,48 +126,31 @@ class PairRow(MeasuredRow):
         return self.pair
 
     @classmethod
-    def from_json(cls: type[R], row: Mapping[str, Any]) -> R:
-        if cls is PairRow and "hash_algo" in row:  # schema_version 1 kept hash-algorithm rows among the pairs
-            return LegacyPairRow.from_json(row)  # type: ignore[return-value]
-        return super().from_json(row)
-
-    @classmethod
     def build(cls, off: RunRecord, on: RunRecord, outcomes: Outcomes, settings: Settings) -> PairRow:
         speedup: float | None
         low: float | None
         high: float | None
         try:
-            gain = Pair(off, on, settings).ttft_speedup()
+            gain = figures.ttft_gain(off, on, settings)
             speedup, low, high = gain.estimate, gain.low, gain.high
         except ValueError:
             speedup = low = high = None
+        hits, hit_ratio = _hits(on)
         on_json, off_json = on.to_json(), off.to_json()
         return cls(
             pair=f"{off.key.case}/{on.key.case}", concurrency=on.key.concurrency,
-            cache_hit_observed=bool(on_json["prefix_cache_hits"]), cached_tokens=on_json["prefix_cache_hits"],
+            cache_hit_observed=bool(hits), cached_tokens=hits,
             expected_cached_tokens=on.prediction.expected_hits if on.prediction else None,
-            hit_ratio=on_json["hit_ratio"], median_ttft_off_ms=off_json["median_ttft_ms"],
+            hit_ratio=hit_ratio, median_ttft_off_ms=off_json["median_ttft_ms"],
             median_ttft_on_ms=on_json["median_ttft_ms"], p90_ttft_off_ms=off_json["p90_ttft_ms"],
             p90_ttft_on_ms=on_json["p90_ttft_ms"], ttft_speedup=speedup, ttft_speedup_low=low,
             ttft_speedup_high=high, prefill_bound=on.prediction.prefill_bound if on.prediction else None,
             input_throughput_off=off_json["input_throughput"], input_throughput_on=on_json["input_throughput"],
             output_throughput_off=off_json["output_throughput"], output_throughput_on=on_json["output_throughput"],
             median_e2el_off_ms=off_json["median_e2el_ms"], median_e2el_on_ms=on_json["median_e2el_ms"],
-            answers=answers.summary(on, off), verdict=outcomes.verdict({off.key.id, on.key.id}), runs=(off, on),
+            answers=answers.compared(on, off).cell, verdict=outcomes.verdict_label({off.key.id, on.key.id}),
+            runs=(off, on),
         )  # fmt: skip
-
-
-@dataclass(frozen=True, kw_only=True)
-class LegacyPairRow(PairRow):
-    """A pair row of a schema_version 1 file, which also kept the rows of hash-algorithm servers (named e.g.
-    ``E/F xxhash``) among the pairs, with their algorithm (null for the default's)."""
-
-    hash_algo: str | None = stored("hash")
-
-    @classmethod
-    def markdown_columns(cls, rows: Sequence[Any] = ()) -> list[Column[Any]]:
-        columns = super().markdown_columns(rows)
-        return [*columns[:2], columns[-1], *columns[2:-1]]  # the algorithm beside the concurrency
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,24 +196,34 @@ class AlgoRow(MeasuredRow):
     @classmethod
     def build(cls, default: RunRecord, run: RunRecord, outcomes: Outcomes, settings: Settings) -> AlgoRow:
         try:
-            ratio: Interval | None = ratio_of_medians(
-                run.samples_ms(), default.samples_ms(),
-                samples=settings.bootstrap_samples, confidence=settings.confidence,
-            )  # fmt: skip
+            ratio: Interval | None = figures.ttft_ratio(run, default, settings)
         except ValueError:  # no per-request samples: the row shows "-"
             ratio = None
+        hits, default_hits = figures.hash_hits(run, default)
         return cls(
             case=run.key.case, concurrency=run.key.concurrency,
             hash_algo=str(run.key.hash_algo), default_hash_algo=default.server.prefix_caching_hash_algo,
-            cached_tokens=run.to_json()["prefix_cache_hits"],
-            default_cached_tokens=default.to_json()["prefix_cache_hits"],
+            cached_tokens=hits, default_cached_tokens=default_hits,
             median_ttft_default_ms=default.median_ms(), median_ttft_ms=run.median_ms(),
             ttft_ratio=ratio.estimate if ratio else None, ttft_ratio_low=ratio.low if ratio else None,
             ttft_ratio_high=ratio.high if ratio else None,
-            duration_default_s=default.duration_s, duration_s=run.duration_s, answers=answers.summary(run),
+            duration_default_s=default.duration_s, duration_s=run.duration_s, answers=answers.compared(run).cell,
             # The algorithm's own verdicts and the comparison; the default run's own belong to its pair.
-            verdict=outcomes.verdict({run.key.id}, compared_with={default.key.id}), runs=(run, default),
+            verdict=outcomes.verdict_label({run.key.id}, compared_with={default.key.id}), runs=(run, default),
         )  # fmt: skip
+
+
+def _hits(run: RunRecord) -> tuple[int | None, float | None]:
+    """The cached tokens and hit ratio a pair row shows: the repeat ``cached_tokens_match`` shows; the first
+    repeat's counters where it cannot judge the run (no prediction or no counters)."""
+    shown = figures.hits_shown(run)
+    if shown is not None:
+        return shown.hits, shown.hit_ratio
+    d = run.delta
+    if d is None or d.prefix_cache_queries is None:
+        return None, None
+    hits = figures.counted_hits(d)
+    return hits, hits / d.prefix_cache_queries if d.prefix_cache_queries else None
 
 
 def _passed(verdict: str) -> bool | None:
@@ -252,8 +247,9 @@ def several_levels(rows: Sequence[Any]) -> bool:
 @dataclass(frozen=True, kw_only=True)
 class FleetRow(MeasuredRow):
     """One fleet run (case R on one route): where its requests landed, its cold prefills against one per
-    prefix group, the routing cost, and its latency and throughput. Its locality is the first repeat's.
-    Case M behind the router has a row too: its conversations stand for the prefix groups."""
+        prefix group, the routing cost, and its latency and throughput. Its locality is the repeat that
+    ``prefix_locality`` shows (the first that failed, else the first; ``figures.locality_shown``).
+        Case M behind the router has a row too: its conversations stand for the prefix groups."""
 
     id: str = stored(None)
     route: str = stored("route")
@@ -325,7 +321,7 @@ class FleetRow(MeasuredRow):
         if run.key.family == "multiturn":
             return cls._conversations(run, outcomes, settings)
         try:
-            found = locality.of_repeat(run, first)
+            found = figures.locality_shown(run, settings)
         except MeasurementError as err:
             error = str(err)
         ttft = cls._ttft(run, settings)
@@ -340,8 +336,8 @@ class FleetRow(MeasuredRow):
             ideal_hits=found.prediction.expected_hits if found else None,
             extra_prefill_tokens=found.extra_prefill_tokens if found else None,
             routing_cost=found.routing_cost if found else None,
-            **cls._timing(run, ttft), answers=answers.summary(run),
-            passed=_passed(outcomes.verdict({run.key.id})), error=error, runs=(run,),
+            **cls._timing(run, ttft), answers=answers.compared(run).cell,
+            passed=_passed(outcomes.verdict_label({run.key.id})), error=error, runs=(run,),
         )  # fmt: skip
 
     @classmethod
@@ -349,7 +345,7 @@ class FleetRow(MeasuredRow):
         """Case M behind the router: its prefix groups are its conversations, a cold prefill one that computes a
         conversation's history (its first turn, or a turn away from its history), the ideal one per
         conversation and one server's hits; the routing cost what the routing left to compute again."""
-        routed = affinity.of_repeat(run, 0)
+        routed = affinity.routing_of_repeat(run, 0)
         extra = routed.ideal_hits - routed.hits if routed and routed.hits is not None else None
         cost = extra / routed.ideal_hits if routed and extra is not None and routed.ideal_hits > 0 else None
         return cls(
@@ -361,7 +357,7 @@ class FleetRow(MeasuredRow):
             ideal_cold_prefills=routed.conversations if routed else None,
             hits=routed.hits if routed else None, ideal_hits=routed.ideal_hits if routed else None,
             extra_prefill_tokens=extra, routing_cost=cost, **cls._timing(run, cls._ttft(run, settings)),
-            answers=None, passed=_passed(outcomes.verdict({run.key.id})),
+            answers=None, passed=_passed(outcomes.verdict_label({run.key.id})),
             error=None if routed else "no per-replica counters around the rounds", runs=(run,),
         )  # fmt: skip
 
@@ -461,8 +457,8 @@ class TierRow(MeasuredRow):
             gpu_cache_hits_replayed=replayed,
             prefix_cache_queries=d.prefix_cache_queries if d else None,
             median_ttft_ms=run.median_ms("ttfts"), p90_ttft_ms=run.percentile_ms("ttfts", 90, "p90_ttft_ms"),
-            p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"), answers=answers.summary(run, reference),
-            verdict=outcomes.verdict({run.key.id}, compared_with), runs=(run,),
+            p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"), answers=answers.compared(run, reference).cell,
+            verdict=outcomes.verdict_label({run.key.id}, compared_with), runs=(run,),
         )  # fmt: skip
 
 

@@ -28,14 +28,12 @@ class ReportView:
     warnings: list[str]
     gate: dict[str, Any] = field(default_factory=dict)  # Gate.to_json(), or a results file's "gate"
     results: str = ""  # where the results file is
-    fleet: list[FleetRow] = field(default_factory=list)  # one row per fleet run (schema_version 3)
-    # Fleet runs of a file written before the fleet block (schema_version 2): named, without a table.
-    fleet_without_rows: list[str] = field(default_factory=list)
-    offload: list[TierRow] = field(default_factory=list)  # one row per offload run (schema_version 5)
+    fleet: list[FleetRow] = field(default_factory=list)  # one row per fleet run
+    offload: list[TierRow] = field(default_factory=list)  # one row per offload run
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any], path: str) -> ReportView:
-        """A results file of any schema version, as written: its rows are not recomputed."""
+        """A results document as written: its rows are not recomputed."""
         return cls(
             model=str(doc.get("model") or ""),
             profile=doc.get("profile"),
@@ -49,18 +47,12 @@ class ReportView:
             gate=dict(doc.get("gate") or {}),
             results=path,
             fleet=FleetRow.typed(doc.get("fleet") or []),
-            fleet_without_rows=[] if "fleet" in doc else fleet_run_ids(doc),
             offload=TierRow.typed(doc.get("offload") or []),
         )
 
     def cases(self) -> list[str]:
-        """The cases of the pair rows (``C/D``, or ``C/D xxhash`` in a schema_version 1 file), R for fleet
-        rows and N/O for offload rows, sorted."""
+        """The cases of the pair rows (``C/D``; ``C/D xxhash`` in a file first written by schema_version 1),
+        R for fleet rows and N/O for offload rows, sorted."""
         cases = {case for row in self.pairs for case in str(row.pair).split()[0].split("/")}
         cases |= {str(row.case) for row in self.offload}
         return sorted(cases | ({"R"} if self.fleet else set()))
-
-
-def fleet_run_ids(doc: Mapping[str, Any]) -> list[str]:
-    """The ids of a results document's fleet runs (a ``route``), whether or not it has a ``fleet`` block."""
-    return [str(run.get("id")) for run in doc.get("runs") or [] if isinstance(run, dict) and run.get("route")]

@@ -38,7 +38,7 @@ class Routed:
         return dict(self.__dict__)
 
 
-def of_repeat(run: RunRecord, repeat: int) -> Routed | None:
+def routing_of_repeat(run: RunRecord, repeat: int) -> Routed | None:
     """The repeat's routing, or None when its turns hold no per-replica counters."""
     turns = [t for t in run.turns if t.repeat == repeat]
     if not turns or any(t.replica_requests is None for t in turns):
@@ -95,7 +95,7 @@ def conversation_affinity(run: RunRecord) -> Verdict:
     for repeat in sorted({t.repeat for t in run.turns}):
         turns = [t for t in run.turns if t.repeat == repeat]
         head = f"repeat {repeat + 1}"
-        routed = of_repeat(run, repeat)
+        routed = routing_of_repeat(run, repeat)
         if routed is None:
             errors = [r.metrics_error for r in run.repeats if r.metrics_error]
             problems.append(

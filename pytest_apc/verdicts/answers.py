@@ -21,7 +21,8 @@ from typing import Any
 
 from pytest_apc.measure.answers import Answer, Probe, curl_command, request_body
 from pytest_apc.measure.records import RunRecord
-from pytest_apc.verdicts.verdict import Pair, Verdict
+from pytest_apc.verdicts.pairs import Pair
+from pytest_apc.verdicts.verdict import Verdict
 
 IDENTICAL, NEAR_TIE, DIFFER = "identical", "near tie", "differ"
 SHOWN_CHARS = 70  # of each text, where two answers are shown side by side
@@ -117,45 +118,70 @@ def benchmark_answers_identical(run: RunRecord, reference: RunRecord) -> tuple[i
     return sum(a == b for a, b in zip(mine, theirs, strict=True)), len(mine)
 
 
-def summary(run: RunRecord, reference: RunRecord | None = None) -> str | None:
-    """The answers cell of a report row: ``4/4`` agreeing (near ties included) of the probed cached
-    answers, ``1 DIFFER`` when some differ, ``error`` when the probe failed; None without a probe."""
-    if run.probe_error:
-        return "error"
-    comparisons = cached_against_uncached(run) + (cached_against(run, reference) if reference else [])
-    if not comparisons:
-        return None
-    found = counts(comparisons)
-    if found[DIFFER]:
-        return f"{found[DIFFER]} DIFFER"
-    return f"{found[IDENTICAL] + found[NEAR_TIE]}/{len(comparisons)}"
+@dataclass(frozen=True)
+class Compared:
+    """Every comparison of a run's probed answers, made once: its cached answers against its own uncached
+    ones, and, with a reference (the pair's twin), against the twin's uncached ones, and the two servers'
+    uncached answers (the noise floor); ``error`` where a probe failed."""
+
+    run: RunRecord
+    reference: RunRecord | None
+    own: list[Comparison]
+    twin: list[Comparison]
+    floor: list[Comparison]
+    errors: list[str]
+
+    @property
+    def judged(self) -> list[Comparison]:
+        """What ``same_answers`` judges: the cached answers against the uncached ones, own then the twin's."""
+        return self.own + self.twin
+
+    @property
+    def cell(self) -> str | None:
+        """The answers cell of a report row: ``4/4`` agreeing (near ties included) of the judged comparisons,
+        ``1 DIFFER`` when some differ, ``error`` when a probe failed; None without a comparison."""
+        if self.errors:
+            return "error"
+        if not self.judged:
+            return None
+        found = counts(self.judged)
+        if found[DIFFER]:
+            return f"{found[DIFFER]} DIFFER"
+        return f"{found[IDENTICAL] + found[NEAR_TIE]}/{len(self.judged)}"
+
+
+def compared(run: RunRecord, reference: RunRecord | None = None) -> Compared:
+    """The comparisons of ``run``'s probed answers, and of ``reference``'s where given (see :class:`Compared`)."""
+    errors = [f"{r.key.id}: the answers probe failed: {r.probe_error}" for r in (run, reference) if r and r.probe_error]
+    if errors:
+        return Compared(run, reference, [], [], [], errors)
+    twin = cached_against(run, reference) if reference else []
+    floor = uncached_against(run, reference) if reference else []
+    return Compared(run, reference, cached_against_uncached(run), twin, floor, [])
 
 
 def same_answers(subject: Pair | RunRecord) -> Verdict:
     """Every probed answer served from the cache agrees with the same prompt's answer computed without it:
-    on the same server (a cache_salt of its own), and, for a pair, on its twin (APC off, or no tier)."""
+    on the same server (a cache_salt of its own), and, for a pair, on its twin (APC off, or no tier).
+    Its numbers' ``answers`` is the report row's cell (:attr:`Compared.cell`)."""
     run = subject.on if isinstance(subject, Pair) else subject
     reference = subject.off if isinstance(subject, Pair) else None
+    found = compared(run, reference)
     runs = [run.key.id] + ([reference.key.id] if reference else [])
-    problems = [
-        f"{r.key.id}: the answers probe failed: {r.probe_error}" for r in (run, reference) if r and r.probe_error
-    ]
-    if problems:
-        return Verdict("same_answers", runs, False, "\n".join([*problems, _reproduce(run, reference)]))
-    own = cached_against_uncached(run)
-    twin = cached_against(run, reference) if reference else []
-    floor = uncached_against(run, reference) if reference else []
+    if found.errors:
+        message = "\n".join([*found.errors, _reproduce(run, reference)])
+        return Verdict("same_answers", runs, False, message, {"answers": found.cell})
+    own, twin, floor = found.own, found.twin, found.floor
     if not own:
         message = f"{run.key.id}: no cached answer was probed (the probe sent nothing to an APC-on server)"
-        return Verdict("same_answers", runs, False, message)
+        return Verdict("same_answers", runs, False, message, {"answers": found.cell})
     lines = _section(f"{run.key.id}: cached against uncached on the {run.server.mode} server", own, "uncached")
-    judged = list(own)
+    judged = found.judged
     bench = benchmark_answers_identical(run, reference) if reference else None
     if reference is not None:
         twin_name = reference.key.id
         lines += _section(f"cached against the {reference.server.mode} server ({twin_name})", twin, twin_name)
         lines.append(_line("uncached against uncached, the two servers (noise floor, reported)", floor))
-        judged += twin
         if bench:
             lines.append(f"benchmark answers identical to {twin_name}'s: {bench[0]}/{bench[1]} (reported)")
     differ = [c for c in judged if c.outcome == DIFFER]
@@ -174,6 +200,7 @@ def same_answers(subject: Pair | RunRecord) -> Verdict:
         "first_divergence": next((c.to_json() for c in judged if c.outcome != IDENTICAL), None),
         "comparisons": [c.to_json() for c in judged],
         "benchmark_identical": bench,
+        "answers": found.cell,
     }
     return Verdict("same_answers", runs, not differ, "\n".join(lines), numbers)
 

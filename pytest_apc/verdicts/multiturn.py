@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from pytest_apc.measure.records import RunRecord
+from pytest_apc.verdicts.pairs import Pair
 from pytest_apc.verdicts.stats import ratio_of_medians
-from pytest_apc.verdicts.verdict import Pair, Verdict
+from pytest_apc.verdicts.verdict import Verdict
 from pytest_apc.workload.multiturn import TurnRecord
 
 

@@ -4,15 +4,17 @@ local hits of a GPU cache too small for the workload (eviction).
 Counters: ``prompt_tokens_by_source`` splits every prompt token into ``local_cache_hit`` (the GPU prefix
 cache), ``external_kv_transfer`` (loaded from the tier) and ``local_compute``; the three add up to the
 prompt tokens. They are the source of truth here, because vLLM's ``prefix_cache_queries``/``hits`` over-count
-under KV-cache pressure (verdict.overcount), which is this case's normal state.
+under KV-cache pressure (diagnoses.overcount), which is this case's normal state.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pytest_apc.measure.records import MeasurementError, RunRecord, tier_hits
-from pytest_apc.verdicts.verdict import Pair, Verdict, overcount, repeat_numbers, window_text
+from pytest_apc.measure.records import MeasurementError, Repeat, RunRecord, tier_hits
+from pytest_apc.verdicts.diagnoses import overcount, window_text
+from pytest_apc.verdicts.pairs import Pair
+from pytest_apc.verdicts.verdict import Repeats, Verdict
 from pytest_apc.workload.offload import OffloadSizes
 
 
@@ -45,14 +47,11 @@ def hits_across_tiers(run: RunRecord) -> Verdict:
     """Case O: local + tier hits are what one server with room for everything hits,
     (N - G) x P + (G - 1) x Q; the tier served some of them; the sources add up to the prompt tokens."""
     p = _prediction(run)
-    lines: list[str] = []
-    problems: list[str] = []
-    per_repeat: list[dict[str, Any]] = []
-    failed: list[bool] = []
+    found = Repeats()
     for repeat, (tokens, local, tier, computed) in zip(run.repeats, _sources(run), strict=True):
-        known = len(problems)
+        problems: list[str] = []
         total = local + tier
-        lines.append(
+        line = (
             f"{run.key.id}: hits {total:,} = {local:,} from the GPU cache + {tier:,} from the CPU tier; predicted "
             f"{p.expected_hits:,} = ({run.workload.num_prompts} - {p.prefix_groups}) x {p.group_tokens:,} + "
             f"({p.prefix_groups} - 1) x {p.header_block_tokens} {window_text(p)}; computed {computed:,} of {tokens:,}"
@@ -73,19 +72,16 @@ def hits_across_tiers(run: RunRecord) -> Verdict:
                 f"The reset was {repeat.reset!r}; a KV connector whose reset does not empty its store (e.g. "
                 "LMCache's, which report success and clear nothing) shows exactly this"
             )
-        per_repeat.append({"hits_all_tiers": total, "local": local, "tier": tier, "computed": computed,
-                           "expected_hits": p.expected_hits, "input_tokens": tokens})  # fmt: skip
-        failed.append(len(problems) > known)
-    return _run_verdict("hits_across_tiers", run, lines, problems, repeat_numbers(per_repeat, failed))
+        numbers = {"hits_all_tiers": total, "local": local, "tier": tier, "computed": computed,
+                   "expected_hits": p.expected_hits, "input_tokens": tokens}  # fmt: skip
+        found.add(line, numbers, problems, _overcounted(repeat))
+    return found.verdict("hits_across_tiers", [run.key.id])
 
 
-def _run_verdict(name: str, run: RunRecord, lines: list[str], problems: list[str], numbers: dict[str, Any]) -> Verdict:
-    """A verdict on one run: its lines, its problems, and a note where vLLM's counters over-counted."""
-    notes = [n for (r, d) in run.require_counters() if (n := overcount(d, int(r.bench["total_input_tokens"])))]
-    message = "\n".join(
-        lines + [f"- {problem}" for problem in dict.fromkeys(problems)] + [f"note: {n}" for n in dict.fromkeys(notes)]
-    )
-    return Verdict(name, [run.key.id], not problems, message, numbers)
+def _overcounted(repeat: Repeat) -> list[str]:
+    """A note where vLLM's counters over-counted this repeat's prefix-cache queries."""
+    note = overcount(repeat.delta, int(repeat.bench["total_input_tokens"])) if repeat.delta else None
+    return [note] if note else []
 
 
 def _diagnose_short(run: RunRecord) -> str:
@@ -139,26 +135,23 @@ def eviction_predicted(run: RunRecord) -> Verdict:
             "prefix group and prompt length, or the server its GPU blocks"
         )
     predicted = run.local_hits_predicted
-    lines: list[str] = []
-    problems: list[str] = []
-    per_repeat: list[dict[str, Any]] = []
-    failed: list[bool] = []
-    for _, local, _, _ in _sources(run):
+    found = Repeats()
+    for repeat, (_, local, _, _) in zip(run.repeats, _sources(run), strict=True):
         off = local - predicted
-        bad = off != 0
-        lines.append(
+        problems = []
+        line = (
             f"{run.key.id}: GPU-cache hits {local:,}, replay of vLLM's block pool {predicted:,} ({off:+,}); "
             f"{run.server.num_gpu_blocks or 0:,} GPU blocks, "
             f"{run.workload.prefix_groups} prefix groups of {run.prediction.group_tokens if run.prediction else 0:,} "
             "tokens"
         )
-        if bad:
+        if off:
             problems.append(
                 f"the GPU cache hit {off:+,} tokens against the replay: its eviction is not the LRU order "
                 "replayed (free blocks reused least recently freed first, a request's blocks freed tail first, "
                 "its partial last block reused first); a vLLM whose block pool changed, or blocks freed out of "
                 "order (preemption, a KV connector), do this"
             )
-        per_repeat.append({"local_hits": local, "predicted": predicted, "difference": off})
-        failed.append(bad)
-    return _run_verdict("eviction_predicted", run, lines, problems, repeat_numbers(per_repeat, failed))
+        numbers = {"local_hits": local, "predicted": predicted, "difference": off}
+        found.add(line, numbers, problems, _overcounted(repeat))
+    return found.verdict("eviction_predicted", [run.key.id])
