@@ -88,15 +88,30 @@ def test_parse_answer_refuses_token_strings() -> None:
         parse_answer({"choices": [{"message": {"content": "x"}}]})
 
 
-def run(case: str, probes: list[Probe], error: str | None = None, texts: list[str] | None = None) -> RunRecord:
+def run(
+    case: str,
+    probes: list[Probe],
+    error: str | None = None,
+    texts: list[str] | list[list[str]] | None = None,
+    command: tuple[str, ...] = ("vllm", "serve", "m"),
+    kv_cache_line: str | None = None,
+) -> RunRecord:
+    """A run of ``case`` at concurrency 8; ``texts`` its benchmark's generated texts (a list per repeat, or
+    one list for a single repeat)."""
     key = RunKey(case, 8)
-    bench = {"completed": 3, "failed": 0, "total_input_tokens": 30, "duration": 1.0, "median_ttft_ms": 1.0}
+    per_repeat: list[list[str] | None] = [None]
     if texts is not None:
-        bench["generated_texts"] = texts
-    repeat = Repeat(bench, None, None, None, "r.json", "python -m pytest_apc.measure.bench ...")
-    server = ServerInfo(f"apc-{'on' if key.apc else 'off'}", ["vllm", "serve", "m"], "http://h:1", "log")
+        per_repeat = texts if texts and isinstance(texts[0], list) else [texts]  # type: ignore[assignment]
+    repeats = []
+    for repeat_texts in per_repeat:
+        bench = {"completed": 3, "failed": 0, "total_input_tokens": 30, "duration": 1.0, "median_ttft_ms": 1.0}
+        if repeat_texts is not None:
+            bench["generated_texts"] = repeat_texts
+        repeats.append(Repeat(bench, None, None, None, "r.json", "python -m pytest_apc.measure.bench ..."))
+    server = ServerInfo(f"apc-{'on' if key.apc else 'off'}", list(command), "http://h:1", "log")
+    server.kv_cache_line = kv_cache_line
     workload = Workload(key.family, 4, 4, 4, 3, 0)
-    return RunRecord(key, workload, server, [repeat], 26, 1.0, probes=probes, probe_error=error)
+    return RunRecord(key, workload, server, repeats, 26, 1.0, probes=probes, probe_error=error)
 
 
 def healthy_pair(settings) -> Pair:
@@ -119,7 +134,7 @@ def test_a_healthy_pair_passes_and_reports_the_benchmarks_own_texts(cpu_settings
     assert found.numbers["cached_vs_uncached"] == {"identical": 2, "near tie": 0, "differ": 0}
     assert found.numbers["cached_vs_twin"]["identical"] == 2
     assert found.numbers["benchmark_identical"] == (2, 3)
-    assert "benchmark answers identical to C-c8's: 2/3 (reported)" in found.message
+    assert "every request under load against C-c8's: 2/3 identical (reported: the build is not known" in found.message
 
 
 def test_a_cache_that_serves_other_content_fails_with_both_texts_and_the_commands(cpu_settings) -> None:
@@ -155,3 +170,73 @@ def test_probes_survive_the_results_file_and_the_store() -> None:
     measured = Measured(records={record.key: record})
     state = json.loads(json.dumps(measured.to_state()))
     assert Measured.from_state(state).records[record.key].probes == record.probes
+
+
+EXACT = {
+    "command": ("vllm", "serve", "m", "--dtype", "float32"),
+    "kv_cache_line": "CPU KV cache size: 2,097,152 tokens",
+}
+
+
+def exact_pair(settings, on_texts: list[list[str]], off_texts: list[list[str]], **server) -> Pair:
+    """A pair on an exact build (vLLM's CPU build serving float32) whose probes all agree."""
+    good = [answer([1, 2, 3])]
+    kind = server or EXACT
+    on = run("D", [Probe(0, good[0], good[0])], texts=on_texts, **kind)
+    off = run("C", [Probe(0, good[0])], texts=off_texts, **kind)
+    return Pair(off, on, settings)
+
+
+def test_the_dtype_a_command_asks_for() -> None:
+    assert answers.server_dtype(["vllm", "--dtype", "bfloat16", "--dtype=float32"]) == "float32"
+    assert answers.server_dtype(["vllm", "--model", "m"]) is None
+
+
+def test_only_cpu_float32_on_both_servers_is_exact(cpu_settings) -> None:
+    pair = exact_pair(cpu_settings, [["a"]], [["a"]])
+    assert answers.exact_build(pair.on, pair.off) == "vLLM's CPU build serving float32"
+    bf16 = exact_pair(cpu_settings, [["a"]], [["a"]], command=("vllm",), kv_cache_line=EXACT["kv_cache_line"])
+    assert answers.exact_build(bf16.on, bf16.off) is None
+    gpu = exact_pair(cpu_settings, [["a"]], [["a"]], command=EXACT["command"], kv_cache_line="GPU KV cache size: 9")
+    assert answers.exact_build(gpu.on, gpu.off) is None
+
+
+def test_on_an_exact_build_every_request_of_every_repeat_must_be_identical(cpu_settings) -> None:
+    """A cache that goes wrong only under load answers the probe (sent alone) right: the requests of the run
+    itself show it. The failure names each request that parts, where, and both texts."""
+    off = [["alpha", "beta", "gamma"], ["alpha", "beta", "gamma"]]
+    on = [["alpha", "beta", "gamma"], ["alpha", "betX wrong", "gamma"]]
+    found = answers.same_answers(exact_pair(cpu_settings, on, off))
+    assert not found.passed
+    assert "every request under load against C-c8's: 5/6 identical (judged: vLLM's CPU build serving float32" in (
+        found.message
+    )
+    assert "repeat 2, request 1: parts at character 3" in found.message
+    assert "'betX wrong'" in found.message
+    assert "'beta'" in found.message
+    assert "only under load" in found.message
+    assert "reproduce:" in found.message
+    assert found.numbers["answers"] == "1 DIFFER"
+    assert found.numbers["exact"] == "vLLM's CPU build serving float32"
+    requests = found.numbers["requests"]
+    assert len(requests) == 6
+    assert sum(not r["identical"] for r in requests) == 1
+    assert requests[4] == {"repeat": 1, "index": 1, "identical": False, "position": 3, "texts": ["betX wrong", "beta"]}
+
+
+def test_on_an_exact_build_a_healthy_pair_passes_and_counts_every_request(cpu_settings) -> None:
+    texts = [["alpha", "beta", "gamma"], ["alpha", "beta", "gamma"]]
+    found = answers.same_answers(exact_pair(cpu_settings, texts, texts))
+    assert found.passed, found.message
+    assert found.numbers["answers"] == "6/6"
+    pair = exact_pair(cpu_settings, texts, texts)
+    assert answers.compared(pair.on, pair.off).cell == "6/6"
+
+
+def test_elsewhere_requests_under_load_are_reported_not_judged(cpu_settings) -> None:
+    """On a build not known to be exact, two correct servers' texts part at near ties under load: reported."""
+    pair = exact_pair(cpu_settings, [["alpha", "bet"]], [["alpha", "beta"]], command=("vllm",), kv_cache_line=None)
+    found = answers.same_answers(pair)
+    assert found.passed, found.message
+    assert "1/2 identical (reported" in found.message
+    assert found.numbers["answers"] == "2/2"  # the probe: its own uncached answer and the twin's, judged there

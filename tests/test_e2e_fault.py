@@ -1,10 +1,11 @@
 """A real vLLM server whose prefix cache serves wrong content with every counter right must fail the
-answers verdict, and nothing else; the same server without the fault passes.
+answers verdict, and nothing else, whether it is wrong on every hit or only while other requests are in
+flight; the same server without the fault passes.
 
 The fault is ``tests/vllm_fault.py``, a vLLM general plugin installed into the server process through a
 throw-away distribution on its PYTHONPATH: each cache hit of two blocks or more reads the content of the
-block before. The fake server cannot show this: the fault lives in vLLM's block table, so it is real vLLM
-that must be wrong.
+block before (or, for the second shape, only while another request holds blocks). The fake server cannot
+show this: the fault lives in vLLM's block table, so it is real vLLM that must be wrong.
 """
 
 from __future__ import annotations
@@ -83,7 +84,43 @@ def test_a_cache_that_serves_wrong_content_fails_the_answers_verdict_and_nothing
 
 
 def test_the_same_server_without_the_fault_passes(tmp_path_factory) -> None:
+    """And every one of its requests under load is identical to the APC-off server's: the CPU build serving
+    float32 is exact, so the under-load comparison is judged, and a healthy cache passes it."""
     inner, data = run_suite(tmp_path_factory.mktemp("fault-none"), None)
     assert inner.ret == 0, inner.output[-5000:]
     assert verdicts_of(data) == {"apc_really_off": True, "cached_tokens_match": True, "same_answers": True}
     assert "pytest-apc test fault active" not in server_logs(data)
+    answers = next(v for v in data["verdicts"] if v["name"] == "same_answers")
+    assert answers["numbers"]["exact"] == "vLLM's CPU build serving float32", answers["message"]
+    requests = answers["numbers"]["requests"]
+    on = next(r for r in data["runs"] if r["id"] == "D-c8")
+    assert len(requests) == on["num_prompts"] * on["repeats"]
+    assert all(r["identical"] for r in requests), answers["message"]
+
+
+@pytest.fixture(scope="module")
+def faulted_under_load(tmp_path_factory) -> tuple[InnerRun, dict]:
+    return run_suite(tmp_path_factory.mktemp("fault-under-load"), "shift-under-load")
+
+
+def test_a_cache_wrong_only_under_load_fails_the_answers_verdict_naming_the_requests(faulted_under_load) -> None:
+    """The same fault, applied only while another request holds blocks (as a race would): the probe, sent
+    alone after the run, gets the right answers; the run's own requests, compared one by one with the
+    APC-off server's, do not."""
+    inner, data = faulted_under_load
+    assert inner.ret == 1, inner.output[-5000:]
+    on_log = next(Path(s["log"]) for s in data["servers"] if s["mode"] == "apc-on")
+    assert "pytest-apc test fault active: shift-under-load" in on_log.read_text(errors="replace")
+    assert verdicts_of(data) == {"apc_really_off": True, "cached_tokens_match": True, "same_answers": False}
+    answers = next(v for v in data["verdicts"] if v["name"] == "same_answers")
+    numbers = answers["numbers"]
+    assert numbers["cached_vs_uncached"]["differ"] == 0, answers["message"]  # the probe alone sees nothing
+    wrong = [r for r in numbers["requests"] if not r["identical"]]
+    assert wrong, answers["message"]
+    assert numbers["answers"] == f"{len(wrong)} DIFFER"
+    first = wrong[0]
+    assert f"repeat {first['repeat'] + 1}, request {first['index']}: parts at character" in answers["message"]
+    assert "only under load" in answers["message"]
+    assert "reproduce:" in answers["message"]
+    on = next(r for r in data["runs"] if r["id"] == "D-c8")
+    assert on["prefix_cache_hits"] == on["prediction"]["expected_hits"]  # the counters are right

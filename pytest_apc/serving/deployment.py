@@ -197,11 +197,21 @@ def launched_server(
     return server
 
 
+# vLLM's CPU build computes float32 the same whatever the batch: a request's answer under load is then
+# the answer it gets alone, cached or not, so the answers verdict can require every request identical. Its
+# default there, bfloat16, parts 1 or 2 requests of 30 between two uncached runs at concurrency 8.
+CPU_EXACT_DTYPE = ("--dtype", "float32")
+
+
 def model_args(settings: Settings) -> tuple[str, ...]:
-    """How a launched server loads a generated model: a shape model's random weights through the plugin's
-    own load format, whose answers depend on the prompt (vllm_loader.py). A model of the user's, and the
-    tiny CPU model (in vLLM's default dtype: bfloat16 where the CPU has it), are loaded as configured."""
-    return ("--load-format", LOAD_FORMAT) if settings.model_shape else ()
+    """How a launched server loads its model: a shape model's random weights through the plugin's own load
+    format, whose answers depend on the prompt (vllm_loader.py); on CPU in float32 (``CPU_EXACT_DTYPE``),
+    unless ``--apc-server-arg`` names a ``--dtype``. A GPU server loads a model of the user's as configured."""
+    args: tuple[str, ...] = ("--load-format", LOAD_FORMAT) if settings.model_shape else ()
+    asks_dtype = any(arg == "--dtype" or arg.startswith("--dtype=") for arg in settings.server_arg)
+    if settings.profile == "cpu" and not asks_dtype:
+        args += CPU_EXACT_DTYPE
+    return args
 
 
 def replica_gpus(settings: Settings) -> list[tuple[dict[str, str], int]]:

@@ -12,6 +12,15 @@ about equally likely, and differ completely after that. The rule is vLLM's own f
 both token sequences; at the first token where they part, they still agree when each one's token is among
 the other's top-k (a *near tie*), and the comparison stops there; otherwise they *differ*. A cache that
 serves wrong content parts from the correct answer at a token the correct computation did not consider.
+
+The probe is sent alone, after the run. A cache that goes wrong only while other requests are in flight
+(a race) answers the probe right. So, for a pair, every request of every repeat of the APC-on run is also
+compared with the same request of its twin (the benchmark keeps each request's generated text; both runs
+send the same seeded prompts in the same order). Where the build computes the same tokens whatever the
+batch (*exact*: vLLM's CPU build serving float32, measured identical cached or not, alone or under load,
+APC on or off), every one of those requests must be identical. Elsewhere two correct servers' texts part
+at near ties under load, which the benchmark's texts cannot tell from a wrong answer: there they are
+reported, and the probe's rule judges.
 """
 
 from __future__ import annotations
@@ -107,15 +116,77 @@ def counts(comparisons: list[Comparison]) -> dict[str, int]:
     return {outcome: sum(c.outcome == outcome for c in comparisons) for outcome in (IDENTICAL, NEAR_TIE, DIFFER)}
 
 
-def benchmark_answers_identical(run: RunRecord, reference: RunRecord) -> tuple[int, int] | None:
-    """(identical, compared) of the benchmark's own generated texts, request by request, of the two runs'
-    first repeats; None where either kept none. Reported only: requests of one batch are computed together,
-    so on GPUs two correct servers' texts part at near ties that no logprob of the benchmark shows."""
-    mine = run.repeats[0].bench.get("generated_texts")
-    theirs = reference.repeats[0].bench.get("generated_texts")
-    if not mine or not theirs or len(mine) != len(theirs):
-        return None
-    return sum(a == b for a, b in zip(mine, theirs, strict=True)), len(mine)
+EXACT_DTYPE = "float32"
+
+
+def server_dtype(command: list[str]) -> str | None:
+    """The ``--dtype`` a server command line asks for (the last one given), None where it asks for none."""
+    found = None
+    for i, part in enumerate(command):
+        if part == "--dtype" and i + 1 < len(command):
+            found = command[i + 1]
+        elif part.startswith("--dtype="):
+            found = part.split("=", 1)[1]
+    return found
+
+
+def exact_build(run: RunRecord, reference: RunRecord | None = None) -> str | None:
+    """Why the servers of ``run`` and ``reference`` give the same tokens for a prompt whatever the batch it is
+    computed in, or None where that is not known. vLLM's CPU build (its start-up line reports a CPU KV cache)
+    serving float32 does: its default, bfloat16, parts 1 or 2 requests of 30 between two uncached runs of 8
+    concurrent requests."""
+    servers = [r.server for r in (run, reference) if r is not None]
+    on_cpu = all((s.kv_cache_line or "").startswith("CPU ") for s in servers)
+    if on_cpu and all(server_dtype(s.command) == EXACT_DTYPE for s in servers):
+        return f"vLLM's CPU build serving {EXACT_DTYPE}"
+    return None
+
+
+@dataclass(frozen=True)
+class RequestOutcome:
+    """One request of a run's benchmark against the same request of its twin's: identical, or where the two
+    texts first part (a character offset: the benchmark keeps texts, not tokens)."""
+
+    repeat: int
+    index: int
+    identical: bool
+    position: int | None = None
+    texts: tuple[str, str] = ("", "")
+
+    def to_json(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"repeat": self.repeat, "index": self.index, "identical": self.identical}
+        if not self.identical:
+            found |= {"position": self.position, "texts": list(self.texts)}
+        return found
+
+    def describe(self, names: tuple[str, str]) -> str:
+        start = max(0, (self.position or 0) - 10)
+        a, b = (t[start:] for t in self.texts)
+        return (
+            f"repeat {self.repeat + 1}, request {self.index}: parts at character {self.position}\n"
+            f"    {names[0]:>9}: {_shown(a)}\n    {names[1]:>9}: {_shown(b)}"
+        )
+
+
+def _parting(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def under_load(run: RunRecord, reference: RunRecord) -> list[RequestOutcome] | None:
+    """Every request of every repeat of ``run`` against the same request of ``reference`` (its repeat of the
+    same number, else its first): the answers given under the run's own load. None where either benchmark
+    kept no texts or their request counts differ."""
+    outcomes: list[RequestOutcome] = []
+    for number, repeat in enumerate(run.repeats):
+        theirs_repeat = reference.repeats[number] if number < len(reference.repeats) else reference.repeats[0]
+        mine = repeat.bench.get("generated_texts")
+        theirs = theirs_repeat.bench.get("generated_texts")
+        if not mine or not theirs or len(mine) != len(theirs):
+            return None
+        for index, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+            same = a == b
+            outcomes.append(RequestOutcome(number, index, same, None if same else _parting(a, b), (a, b)))
+    return outcomes
 
 
 @dataclass(frozen=True)
@@ -130,6 +201,16 @@ class Compared:
     twin: list[Comparison]
     floor: list[Comparison]
     errors: list[str]
+    requests: list[RequestOutcome] | None = None  # every request under load against the twin's (a pair)
+    exact: str | None = None  # why the build is exact, where it is: then ``requests`` are judged
+
+    @property
+    def requests_judged(self) -> bool:
+        return self.exact is not None and self.requests is not None
+
+    @property
+    def requests_differ(self) -> list[RequestOutcome]:
+        return [r for r in self.requests or [] if not r.identical]
 
     @property
     def judged(self) -> list[Comparison]:
@@ -138,10 +219,14 @@ class Compared:
 
     @property
     def cell(self) -> str | None:
-        """The answers cell of a report row: ``4/4`` agreeing (near ties included) of the judged comparisons,
-        ``1 DIFFER`` when some differ, ``error`` when a probe failed; None without a comparison."""
+        """The answers cell of a report row. On an exact build, of every request compared under load: ``30/30``
+        identical, ``4 DIFFER``; elsewhere of the probe's judged comparisons: ``4/4`` agreeing (near ties
+        included), ``1 DIFFER``; ``error`` when a probe failed; None without a comparison."""
         if self.errors:
             return "error"
+        if self.requests_judged:
+            differ = len(self.requests_differ)
+            return f"{differ} DIFFER" if differ else f"{len(self.requests or [])}/{len(self.requests or [])}"
         if not self.judged:
             return None
         found = counts(self.judged)
@@ -157,7 +242,9 @@ def compared(run: RunRecord, reference: RunRecord | None = None) -> Compared:
         return Compared(run, reference, [], [], [], errors)
     twin = cached_against(run, reference) if reference else []
     floor = uncached_against(run, reference) if reference else []
-    return Compared(run, reference, cached_against_uncached(run), twin, floor, [])
+    requests = under_load(run, reference) if reference else None
+    exact = exact_build(run, reference) if reference else None
+    return Compared(run, reference, cached_against_uncached(run), twin, floor, [], requests, exact)
 
 
 def same_answers(subject: Pair | RunRecord) -> Verdict:
@@ -175,22 +262,30 @@ def same_answers(subject: Pair | RunRecord) -> Verdict:
     if not own:
         message = f"{run.key.id}: no cached answer was probed (the probe sent nothing to an APC-on server)"
         return Verdict("same_answers", runs, False, message, {"answers": found.cell})
-    lines = _section(f"{run.key.id}: cached against uncached on the {run.server.mode} server", own, "uncached")
+    lines = _under_load_lines(found)
+    lines += _section(f"{run.key.id}: cached against uncached on the {run.server.mode} server", own, "uncached")
     judged = found.judged
-    bench = benchmark_answers_identical(run, reference) if reference else None
     if reference is not None:
         twin_name = reference.key.id
         lines += _section(f"cached against the {reference.server.mode} server ({twin_name})", twin, twin_name)
         lines.append(_line("uncached against uncached, the two servers (noise floor, reported)", floor))
-        if bench:
-            lines.append(f"benchmark answers identical to {twin_name}'s: {bench[0]}/{bench[1]} (reported)")
     differ = [c for c in judged if c.outcome == DIFFER]
-    if differ:
+    wrong_under_load = found.requests_differ if found.requests_judged else []
+    if differ or wrong_under_load:
+        why = (
+            f"the build is exact ({found.exact}), so no floating-point noise parts two correct answers"
+            if wrong_under_load
+            else "not floating-point noise: the tokens are outside each other's top-k"
+        )
         lines.append(
             "diagnosis: the cache served content that is not what these prompts compute: a block table, hash "
-            "or tier that returns other tokens' KV with the right counts (not floating-point noise: the "
-            "tokens are outside each other's top-k)"
+            f"or tier that returns other tokens' KV with the right counts ({why})"
         )
+        if wrong_under_load and not differ:
+            lines.append(
+                "only under load: the probe, sent alone after the run, got the right answers, so the cache goes "
+                "wrong while other requests are in flight (a race between requests)"
+            )
         lines.append(_reproduce(run, reference))
     numbers = {
         "probed": len(run.probes),
@@ -199,10 +294,39 @@ def same_answers(subject: Pair | RunRecord) -> Verdict:
         "noise_floor": counts(floor) if reference else None,
         "first_divergence": next((c.to_json() for c in judged if c.outcome != IDENTICAL), None),
         "comparisons": [c.to_json() for c in judged],
-        "benchmark_identical": bench,
+        "benchmark_identical": _identical_count(found.requests),
+        "exact": found.exact,
+        "requests": [r.to_json() for r in found.requests] if found.requests is not None else None,
         "answers": found.cell,
     }
-    return Verdict("same_answers", runs, not differ, "\n".join(lines), numbers)
+    return Verdict("same_answers", runs, not differ and not wrong_under_load, "\n".join(lines), numbers)
+
+
+def _identical_count(requests: list[RequestOutcome] | None) -> tuple[int, int] | None:
+    """(identical, compared) of the requests under load; None where none were compared."""
+    return (sum(r.identical for r in requests), len(requests)) if requests is not None else None
+
+
+SHOWN_REQUESTS = 5  # of the requests that part, in a failure message (results.json holds every one)
+
+
+def _under_load_lines(found: Compared) -> list[str]:
+    """The lines on every request answered under load against its twin's: judged on an exact build, else
+    reported with why not."""
+    if found.reference is None or found.requests is None:
+        return []
+    twin = found.reference.key.id
+    identical, compared_count = _identical_count(found.requests) or (0, 0)
+    head = f"{found.run.key.id}: every request under load against {twin}'s: {identical}/{compared_count} identical"
+    if not found.requests_judged:
+        return [f"{head} (reported: the build is not known to be exact, so two correct answers may part at a near tie)"]
+    lines = [f"{head} (judged: {found.exact} gives the same tokens whatever the batch)"]
+    wrong = found.requests_differ
+    for outcome in wrong[:SHOWN_REQUESTS]:
+        lines.append("  " + "\n  ".join(outcome.describe((found.run.key.id, twin)).splitlines()))
+    if len(wrong) > SHOWN_REQUESTS:
+        lines.append(f"  ... and {len(wrong) - SHOWN_REQUESTS} more (results.json: this verdict's numbers.requests)")
+    return lines
 
 
 def _section(what: str, comparisons: list[Comparison], reference_name: str) -> list[str]:
@@ -217,13 +341,14 @@ def _line(what: str, comparisons: list[Comparison]) -> str:
 
 
 def _reproduce(run: RunRecord, reference: RunRecord | None) -> str:
-    """The servers' commands and a probe request to send to each."""
+    """The servers' commands, each run's benchmark, and a probe request to send to each."""
     probe: Probe | None = run.probes[0] if run.probes else None
     lines = ["reproduce:"]
     for r in (run, reference):
         if r is None:
             continue
         lines.append(f"  {r.server.mode} server: {' '.join(r.server.command) or '(not recorded)'}")
+        lines.append(f"    its benchmark ({r.key.id}, generated texts in --save-detailed results): {r.bench_command}")
     if probe is not None:
         body = request_body(
             run.server.served_model_name or "<served model>",
