@@ -10,4 +10,5 @@ ruff check pytest_apc tests tests_apc
 ruff format --check pytest_apc tests tests_apc
 mypy
 python -m pytest tests -m "not e2e" -n auto "$@"
-python -m pytest tests -m e2e "$@"
+# --durations: what each end-to-end test costs, in every CI log.
+python -m pytest tests -m e2e --durations=25 "$@"
