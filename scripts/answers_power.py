@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""How often the answers verdict catches a wrong cache, and how often it fails a healthy one: a benchmark,
+not a test (run from a checkout, on real vLLM's CPU build).
+
+Each session is a pytest run of its own with fresh server starts, `-m "pure and not sweep"` without the
+timing test, on a server that is healthy or carries a test fault (tests/vllm_fault.py): ``shift`` corrupts
+every cache hit, ``shift-under-load`` only hits made while another request holds blocks. Per session it
+records whether same_answers passed, the answers cell, and how many requests were compared and identical.
+
+    python scripts/answers_power.py [--sessions N] [--shapes none,shift,shift-under-load] [--json OUT]
+
+Detection is the share of faulted sessions that fail same_answers; false alarms the share of healthy
+sessions that fail it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.test_e2e_fault import SELECTION, install_fault_plugin  # noqa: E402
+
+
+def session(shape: str, work: Path) -> dict[str, Any]:
+    """One pytest session against fresh servers, ``shape`` the fault ("none": healthy)."""
+    plugin = install_fault_plugin(work / "plugin")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(plugin), os.environ.get("PYTHONPATH")) if p))
+    env.pop("PYTEST_APC_TEST_FAULT", None)
+    if shape != "none":
+        env["PYTEST_APC_TEST_FAULT"] = shape
+    started = time.monotonic()
+    args = [sys.executable, "-m", "pytest", str(ROOT / "tests_apc"), *SELECTION, "--cpu-node", "-q",
+            "-p", "no:cacheprovider", f"--apc-results-dir={work}/apc-results"]  # fmt: skip
+    done = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
+    files = sorted(work.glob("apc-results/*/results.json"))
+    if not files:
+        return {"shape": shape, "error": f"no results.json (exit {done.returncode})", "tail": done.stdout[-2000:]}
+    data = json.loads(files[0].read_text())
+    answers = next((v for v in data["verdicts"] if v["name"] == "same_answers"), None)
+    if answers is None:
+        return {"shape": shape, "error": "no same_answers verdict", "tail": done.stdout[-2000:]}
+    requests = answers["numbers"].get("requests") or []
+    return {
+        "shape": shape,
+        "exit": done.returncode,
+        "same_answers_passed": answers["passed"],
+        "answers": answers["numbers"].get("answers"),
+        "exact": answers["numbers"].get("exact"),
+        "requests_compared": len(requests),
+        "requests_identical": sum(r["identical"] for r in requests),
+        "probe": answers["numbers"].get("cached_vs_uncached"),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=5, help="sessions per shape (default 5)")
+    parser.add_argument("--shapes", default="none,shift-under-load,shift", help="comma-separated fault shapes")
+    parser.add_argument("--json", type=Path, help="write every session's record here")
+    args = parser.parse_args()
+    records: list[dict[str, Any]] = []
+    for number in range(args.sessions):
+        for shape in args.shapes.split(","):
+            with tempfile.TemporaryDirectory(prefix=f"apc-power-{shape}-") as work:
+                record = session(shape, Path(work))
+            record["session"] = number + 1
+            records.append(record)
+            print(json.dumps(record), flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(records, indent=1) + "\n")
+    for shape in args.shapes.split(","):
+        mine = [r for r in records if r["shape"] == shape]
+        failed = sum(r.get("same_answers_passed") is False for r in mine)
+        errors = sum("error" in r for r in mine)
+        what = "false alarms" if shape == "none" else "detected"
+        print(f"{shape}: {what} {failed}/{len(mine) - errors} sessions ({errors} without a verdict)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
