@@ -54,12 +54,21 @@ def test_every_verdict_recorded_and_passed(full_run) -> None:
 
 
 def test_answers_compared_in_every_pair_and_the_models_answers_depend_on_the_prompt(full_run) -> None:
-    """Every ON run's probed cached answers agree with its uncached ones and its OFF twin's (4 probes, two
-    comparisons each), and the benchmark's own 30 answers to C's prompts, which share a 2K prefix and differ
-    in a 64-token suffix, are (nearly) all different: answers that could not show a wrong cache would be one."""
+    """Every request an ON run answered under load is identical to its OFF twin's (the CPU servers serve
+    float32, an exact build), every probed cached answer agrees with its uncached one and the twin's (4
+    probes, two comparisons each), and the benchmark's own 30 answers to C's prompts, which share a 2K prefix
+    and differ in a 64-token suffix, are (nearly) all different: answers that could not show a wrong cache
+    would be one."""
     _, data = full_run
     for pair in data["pairs"]:
-        assert pair["answers"] == "8/8", pair
+        assert pair["answers"] == "30/30", pair  # the one repeat's 30 requests, each identical to the twin's
+    for verdict in (v for v in data["verdicts"] if v["name"] == "same_answers"):
+        numbers = verdict["numbers"]
+        assert numbers["exact"] == "vLLM's CPU build serving float32", verdict["message"]
+        assert all(r["identical"] for r in numbers["requests"]), verdict["message"]
+        for probed in (numbers["cached_vs_uncached"], numbers["cached_vs_twin"]):
+            assert probed["differ"] == 0, verdict["message"]
+            assert probed["identical"] + probed["near tie"] == 4, verdict["message"]
     runs = {r["id"]: r for r in data["runs"]}
     assert len(runs["D-c8"]["answers"]["probes"]) == 4
     assert all(p["cached"] for p in runs["D-c8"]["answers"]["probes"])
@@ -228,7 +237,8 @@ def test_off_server_that_is_not_off_is_refused(tmp_path) -> None:
     assert inner.ret == 1
     assert "apc-off server reports vllm:cache_config_info{enable_prefix_caching='True'}" in inner.output
     assert "does not run in the mode it was started for" in inner.output
-    assert "--no-enable-prefix-caching --enable-prefix-caching" in inner.output  # the command line
+    # the command line: the plugin's flags (the CPU servers' float32 among them), then the user's
+    assert "--no-enable-prefix-caching --dtype float32 --enable-prefix-caching" in inner.output
     assert not inner.leftovers()
 
 
