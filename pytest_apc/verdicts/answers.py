@@ -121,13 +121,13 @@ EXACT_DTYPE = "float32"
 
 def server_dtype(command: list[str]) -> str | None:
     """The ``--dtype`` a server command line asks for (the last one given), None where it asks for none."""
-    found = None
+    dtype = None
     for i, part in enumerate(command):
         if part == "--dtype" and i + 1 < len(command):
-            found = command[i + 1]
+            dtype = command[i + 1]
         elif part.startswith("--dtype="):
-            found = part.split("=", 1)[1]
-    return found
+            dtype = part.split("=", 1)[1]
+    return dtype
 
 
 def exact_build(run: RunRecord, reference: RunRecord | None = None) -> str | None:
@@ -154,10 +154,10 @@ class RequestOutcome:
     texts: tuple[str, str] = ("", "")
 
     def to_json(self) -> dict[str, Any]:
-        found: dict[str, Any] = {"repeat": self.repeat, "index": self.index, "identical": self.identical}
+        outcome: dict[str, Any] = {"repeat": self.repeat, "index": self.index, "identical": self.identical}
         if not self.identical:
-            found |= {"position": self.position, "texts": list(self.texts)}
-        return found
+            outcome |= {"position": self.position, "texts": list(self.texts)}
+        return outcome
 
     def describe(self, names: tuple[str, str]) -> str:
         start = max(0, (self.position or 0) - 10)
