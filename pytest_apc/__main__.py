@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from pytest_apc import __version__
+from pytest_apc import __version__, arguments
 from pytest_apc.config import SPEC_BY_NAME, default_for
 from pytest_apc.gate import calibration
 from pytest_apc.gate.compare import compare_documents
@@ -282,7 +282,8 @@ def suite_command(args: Sequence[str]) -> list[str]:
     """The pytest command ``pytest-apc ARGS`` runs: the installed suite, unless ARGS name a part of it
     (``tests_apc.test_pure``, ``tests_apc.test_pure::test_x``), which --pyargs then resolves."""
     named = any(arg == SUITE or arg.startswith((f"{SUITE}.", f"{SUITE}::")) for arg in args)
-    return [sys.executable, "-m", "pytest", "--pyargs", *([] if named else [SUITE]), *args]
+    # Values joined to their options: pytest must not take ``--apc-model /models/x``'s path for a test path.
+    return [sys.executable, "-m", "pytest", "--pyargs", *([] if named else [SUITE]), *arguments.joined(args)]
 
 
 def console(argv: Sequence[str] | None = None) -> int:

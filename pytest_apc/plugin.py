@@ -24,8 +24,8 @@ from typing import IO, Any
 
 import pytest
 
+from pytest_apc import arguments, redaction, report
 from pytest_apc import config as apc_config
-from pytest_apc import redaction, report
 from pytest_apc.gate.baseline import Baseline, Refused, read_baseline
 from pytest_apc.measure.records import MeasurementError, RunRecord
 from pytest_apc.measure.session import ApcSession
@@ -106,6 +106,8 @@ def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    if not _is_worker(config):
+        _refuse_values_taken_for_test_paths(config)
     try:
         settings = apc_config.resolve(config)
         check_settings(settings)
@@ -151,9 +153,8 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
     if winput is not None and "apc_run_dir" in winput:
         run_dir = Path(winput["apc_run_dir"])
     else:
-        root = Path(settings.results_dir)
-        if not root.is_absolute():
-            root = Path(config.rootpath) / root
+        # Relative to where pytest was run, whatever rootdir pytest chose.
+        root = config.invocation_params.dir / settings.results_dir
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir, suffix = root / stamp, 1
         while run_dir.exists():
@@ -174,6 +175,19 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
 
 
 @pytest.hookimpl(optionalhook=True)
+def _refuse_values_taken_for_test_paths(config: pytest.Config) -> None:
+    """A usage error when pytest chose its rootdir from an ``--apc-x PATH`` value (see ``arguments``): the
+    project's ini file, with any apc_* keys in it, went unread."""
+    here = config.invocation_params.dir
+    taken = arguments.taken_for_test_paths(config.invocation_params.args, here)
+    if taken:
+        fixed = " ".join(pair.replace(" ", "=", 1) for pair in taken)
+        raise pytest.UsageError(
+            f"pytest read the value of {' '.join(taken)} as a test path before pytest-apc was loaded, and chose "
+            f"its rootdir ({config.rootpath}) and ini file from there: write {fixed}"
+        )
+
+
 def pytest_configure_node(node: Any) -> None:
     """xdist controller: workers share this run's owner tag and process registry (for the reaper)."""
     node.workerinput["apc_owner"] = procs.owner_tag()
