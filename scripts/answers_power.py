@@ -8,6 +8,7 @@ every cache hit, ``shift-under-load`` only hits made while another request holds
 records whether same_answers passed, the answers cell, and how many requests were compared and identical.
 
     python scripts/answers_power.py [--sessions N] [--shapes none,shift,shift-under-load] [--json OUT]
+    python scripts/answers_power.py --table OUT.json [OUT.json ...]   # the Markdown table of recorded sessions
 
 Detection is the share of faulted sessions that fail same_answers; false alarms the share of healthy
 sessions that fail it.
@@ -63,12 +64,43 @@ def session(shape: str, work: Path) -> dict[str, Any]:
     }
 
 
+SHAPES = {
+    "none": "healthy",
+    "shift-under-load": "hits wrong only while another request holds blocks",
+    "shift": "every hit wrong",
+}
+
+
+def table(records: list[dict[str, Any]]) -> list[str]:
+    """One Markdown row per fault shape: sessions, how many failed same_answers, and over their requests and
+    probes how many answers were identical to the reference."""
+    rows = [
+        "| server | sessions | same_answers failed | requests identical to the APC-off twin | probes identical |",
+        "|---|---|---|---|---|",
+    ]
+    for shape, what in SHAPES.items():
+        mine = [r for r in records if r["shape"] == shape and "error" not in r]
+        if not mine:
+            continue
+        failed = sum(not r["same_answers_passed"] for r in mine)
+        identical = sum(r["requests_identical"] for r in mine)
+        compared = sum(r["requests_compared"] for r in mine)
+        probes = sum(r["probe"]["identical"] for r in mine)
+        probed = sum(sum(r["probe"].values()) for r in mine)
+        rows.append(f"| {what} (`{shape}`) | {len(mine)} | {failed} | {identical}/{compared} | {probes}/{probed} |")
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=5, help="sessions per shape (default 5)")
     parser.add_argument("--shapes", default="none,shift-under-load,shift", help="comma-separated fault shapes")
     parser.add_argument("--json", type=Path, help="write every session's record here")
+    parser.add_argument("--table", type=Path, nargs="+", help="print the table of these recorded files instead")
     args = parser.parse_args()
+    if args.table:
+        print("\n".join(table([r for path in args.table for r in json.loads(path.read_text())])))
+        return 0
     records: list[dict[str, Any]] = []
     for number in range(args.sessions):
         for shape in args.shapes.split(","):

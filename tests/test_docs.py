@@ -1273,3 +1273,21 @@ def test_h200_multiturn_page_shows_its_files(monkeypatch: pytest.MonkeyPatch, ca
     assert f"**{sizes['tier_gib']:g} GiB**" in flat
     old = [t["replayed"] for t in runs["M-c1-small-cache"]["turns"][1:3]]
     assert f"predicted {old[0]:,} and {old[1]:,} GPU-cache hits" in flat
+
+
+def test_cpu_answers_page_table_is_what_the_power_script_prints_of_its_files() -> None:
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("answers_power", REPO / "scripts" / "answers_power.py")
+    assert spec is not None
+    assert spec.loader is not None
+    power = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(power)
+    folder = DOCS / "results" / "cpu-answers"
+    records = [r for path in sorted(folder.glob("sessions-*.json")) for r in json.loads(path.read_text())]
+    page = (folder / "README.md").read_text()
+    assert "\n".join(power.table(records)) in page
+    healthy = [r for r in records if r["shape"] == "none"]
+    assert "Ten healthy sessions" in page
+    assert len(healthy) == 10
