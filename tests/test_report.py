@@ -212,7 +212,7 @@ def test_the_p90_ttft_shows_with_v_and_in_summary_md_where_the_runs_have_it(pyte
         return [c.strip() for c in next(line for line in text.splitlines() if line.startswith("pair")).split("  ")
                 if c.strip()]  # fmt: skip
 
-    assert "p90 TTFT ms" not in header(terminal.table(data.pair_numbers()))  # the default table keeps 120 columns
+    assert "p90 TTFT ms" not in header(terminal.table(data.pair_numbers()))  # the default table keeps 150 columns
     verbose = terminal.table(data.pair_numbers(), verbose=True)
     assert header(verbose)[5:8] == ["TTFT ms", "p90 TTFT ms", "gain/bound"]
     assert f"  {formatting.num(p90_off)} -> {formatting.num(p90_on)}  " in verbose.splitlines()[-1]
