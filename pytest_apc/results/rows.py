@@ -165,7 +165,7 @@ class PairRow(MeasuredRow):
         """The ids of its OFF and ON runs: ``C-c8``, ``D-c8`` (``D-c8-xxhash`` for a schema_version 1 row
         ``C/D xxhash``)."""
         cases, _, algo = str(self.pair).partition(" ")
-        off, on = cases.split("/")
+        off, _, on = cases.partition("/")
         return RunKey(off, self.concurrency).id, RunKey(on, self.concurrency, algo).id
 
     @property

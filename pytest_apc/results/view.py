@@ -35,7 +35,8 @@ class ReportView:
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any], path: str) -> ReportView:
-        """A results document as written: its rows are not recomputed."""
+        """A results document as written: its rows are not recomputed (a pair row without ``timing`` reads it
+        from the document's verdicts)."""
         verdicts = list(doc.get("verdicts") or [])
         outcomes = Outcomes(verdicts)
         pairs = [
