@@ -381,3 +381,21 @@ def test_the_round_barrier_is_checked_from_send_and_first_token_times() -> None:
     assert "before the first request's first token" in turn_hits_match(together).message
     untimed = record("M", [turn(0, [0, 24, 24], 48)])
     assert "3 not checked (the benchmark saved no send times)" in turn_hits_match(untimed).message
+
+
+def test_late_turns_own_the_rule_they_were_held_to() -> None:
+    """``held_to`` of multiturn_ttft: faster up to --apc-multiturn-gain-concurrency, not slower above it; a
+    file written before verdicts carried it reads the same rule from ``numbers.gain_required``."""
+    from pytest_apc.verdicts.verdict import FASTER, NOT_SLOWER, held_to
+
+    rng = np.random.default_rng(2)
+
+    def turns(scale: float) -> list[TurnRecord]:
+        return [TurnRecord(0, t, False, [40], [0], 0, 40, list(rng.normal(scale, 1, 20))) for t in range(4)]
+
+    for limit, rule in ((8, FASTER), (4, NOT_SLOWER), (0, NOT_SLOWER)):
+        s = SimpleNamespace(bootstrap_samples=500, confidence=0.95, multiturn_gain_concurrency=limit,
+                            overhead_tolerance=0.10)  # fmt: skip
+        v = late_turn_ttft(Pair(record("L", turns(50)), record("M", turns(10)), s))  # type: ignore[arg-type]
+        assert v.held_to == rule, limit
+        assert held_to({k: x for k, x in v.to_json().items() if k != "held_to"}) == rule

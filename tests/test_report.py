@@ -6,6 +6,8 @@ real-vLLM rows are checked in test_e2e_cpu.py."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -61,7 +63,7 @@ def test_number_format_reads_at_every_magnitude() -> None:
     assert formatting.num(950736) == "950,736"
     assert formatting.num(1.4944) == "1.49"
     assert formatting.num(47.404) == "47.4"
-    assert formatting.num(None) == "-"
+    assert formatting.num(None) == "n/a"  # not measured, in every column
     assert formatting.num(True) == "yes"
     assert formatting.num(0.478, ".1%") == "47.8%"
 
@@ -127,7 +129,7 @@ def test_latencies_and_throughputs_cover_every_repeat(pytester) -> None:
     assert both["bench_duration_s"] == 3.0
 
 
-def test_an_algorithm_row_without_per_request_samples_shows_dashes(pytester) -> None:
+def test_an_algorithm_row_without_per_request_samples_shows_n_a(pytester) -> None:
     s = settings(pytester)
     on = record(s, "D", 8, delta(1000, 512), 40.0)
     algo = _algo_run(s, on, "xxhash", 40.0)
@@ -135,7 +137,9 @@ def test_an_algorithm_row_without_per_request_samples_shows_dashes(pytester) -> 
     data = _data(_session(s, [on, algo]))
     row = data.algos[0].numbers
     assert row["ttft_ratio"] is None
-    assert "-x [-,-]" in terminal.algo_table(data.algo_numbers())
+    header, _, line = terminal.algo_table(data.algo_numbers()).splitlines()
+    cells = dict(zip(re.split(r"\s{2,}", header), re.split(r"\s{2,}", line), strict=True))
+    assert cells["TTFT algo/default"] == "n/a"  # the one mark of a figure not measured, not "-x [-,-]"
 
 
 def test_the_rows_are_computed_once_whatever_reads_them(pytester, monkeypatch, tmp_path) -> None:
@@ -193,7 +197,7 @@ def test_every_row_reads_back_from_what_results_json_stores(pytester) -> None:
 
 
 def test_the_p90_ttft_shows_with_v_and_in_summary_md_where_the_runs_have_it(pytester) -> None:
-    """Runs store their p90 TTFT beside the p99; the pair table shows it OFF>ON with -v, summary.md in two
+    """Runs store their p90 TTFT beside the p99; the pair table shows it off -> on with -v, summary.md in two
     columns. A file written before runs stored it prints as it did: no p90 column anywhere."""
     s = settings(pytester)
     off = record(s, "C", 8, off_delta(s, "C"), 120.0)
@@ -208,10 +212,10 @@ def test_the_p90_ttft_shows_with_v_and_in_summary_md_where_the_runs_have_it(pyte
         return [c.strip() for c in next(line for line in text.splitlines() if line.startswith("pair")).split("  ")
                 if c.strip()]  # fmt: skip
 
-    assert "p90 TTFT ms" not in header(terminal.table(data.pair_numbers()))  # the default table keeps 120 columns
+    assert "p90 TTFT ms" not in header(terminal.table(data.pair_numbers()))  # the default table keeps 150 columns
     verbose = terminal.table(data.pair_numbers(), verbose=True)
     assert header(verbose)[5:8] == ["TTFT ms", "p90 TTFT ms", "gain/bound"]
-    assert f" {formatting.num(p90_off)}>{formatting.num(p90_on)} " in verbose.splitlines()[-1]
+    assert f"  {formatting.num(p90_off)} -> {formatting.num(p90_on)}  " in verbose.splitlines()[-1]
     summary = next(line for line in markdown.markdown(_view(apc, data)).splitlines() if line.startswith("| pair"))
     assert [c.strip() for c in summary.split("|")][7:11] == ["TTFT OFF ms", "TTFT ON ms", "p90 TTFT OFF ms",
                                                               "p90 TTFT ON ms"]  # fmt: skip
@@ -306,3 +310,148 @@ def test_a_row_shows_the_numbers_its_verdict_judged_on_every_repeat(pytester) ->
     for name in ("cold_prefills", "hits", "ideal_hits", "extra_prefill_tokens", "routing_cost"):
         assert getattr(fleet_row, name) == where.numbers[name], name
     assert fleet_row.ideal_cold_prefills == where.numbers["ideal_cold_prefills"]
+
+
+def _cells(table: str, first: str) -> dict[str, str]:
+    """The cells of the terminal table row that starts with ``first``, by header (cells two spaces apart)."""
+    lines = table.splitlines()
+    row = next(line for line in lines if line.startswith(first))
+    return dict(zip(re.split(r"\s{2,}", lines[0].strip()), re.split(r"\s{2,}", row.strip()), strict=True))
+
+
+def _md_cells(text: str, first: str) -> dict[str, str]:
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("| pair "))
+    row = next(line for line in lines if line.startswith(f"| {first} "))
+    return dict(zip(*([c.strip() for c in line.split("|")[1:-1]] for line in (header, row)), strict=True))
+
+
+def test_a_pair_verdict_says_what_its_ttft_was_held_to_in_every_output(pytester) -> None:
+    """PASS beside a gain under 1x reads "PASS not slower" when the pair was held only to not being slower,
+    in the terminal table, summary.md and results.json alike; a file written before the rule was stored reads
+    the same from its verdicts."""
+    s = settings(pytester, "--apc-low-concurrency=1")
+    pairs = []
+    for c, ttft_on in ((1, 40.0), (8, 110.0)):
+        off = record(s, "E", c, off_delta(s, "E"), 100.0)
+        on = record(s, "F", c, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), ttft_on)
+        pairs.append((off, on))
+    judged = [_judged(verdicts.rag_effect(verdicts.Pair(off, on, s)), f"test_rag[{on.key.id}]") for off, on in pairs]
+    apc = _session(s, [run for pair in pairs for run in pair])
+    data = _data(apc, judged)
+    assert [(row.timing, row.verdict) for row in data.pairs] == [("faster", "PASS"), ("not slower", "PASS")]
+    table = terminal.table(data.pair_numbers())
+    assert [_cells(table, f"E/F     {c}")["verdict"] for c in (1, 8)] == ["PASS faster", "PASS not slower"]
+    assert _cells(table, "E/F     8")["gain/bound"].startswith("0.9")  # a slowdown within the tolerance
+    doc = _document(apc, data)
+    assert [row["timing"] for row in doc["pairs"]] == ["faster", "not slower"]
+    assert [v["held_to"] for v in doc["verdicts"]] == ["faster", "not slower"]
+    summary = markdown.markdown(ReportView.from_document(doc, "results.json"))
+    assert _md_cells(summary, "E/F")["verdict"] == "PASS faster"
+    assert "verdict: the pair's tests; its TTFT held to faster (a significant gain) or only to not slower" in summary
+    lines = [text for text, _ in terminal.summary_lines(ReportView.from_document(doc, "results.json"))]
+    assert lines[lines.index(table) + 1].startswith("verdict: the pair's tests; its TTFT held to faster")
+
+    older = json.loads(json.dumps(doc))
+    for row in older["pairs"]:
+        del row["timing"]
+    for v in older["verdicts"]:
+        del v["held_to"]
+    assert terminal.table(ReportView.from_document(older, "results.json").pairs) == table
+    assert markdown.markdown(ReportView.from_document(older, "results.json")) == summary
+
+
+def test_a_row_reads_the_finding_of_its_failed_timing_verdict_else_the_strictest_rule() -> None:
+    passed = {"passed": True, "outcome": "passed", "name": "anything", "runs": ["E-c8", "F-c8"]}
+    outcomes = rows.Outcomes([
+        {**passed, "held_to": "not slower"}, {**passed, "held_to": "faster"}, {**passed, "runs": ["F-c8"]},
+    ])  # fmt: skip
+    assert outcomes.timing({"E-c8", "F-c8"}) == "faster"
+    assert outcomes.timing({"F-c8"}) is None  # the timing verdicts name a run beyond the row's
+    failed = rows.Outcomes([{**passed, "held_to": "faster"}, {**passed, "held_to": "not slower", "passed": False}])
+    assert failed.timing({"E-c8", "F-c8"}) == "slower"
+    assert rows.Outcomes([{**passed, "held_to": "faster", "passed": False}]).timing({"E-c8", "F-c8"}) == "not faster"
+    # The cell: the finding beside PASS, and beside FAIL where the timing failed; a row failed on something else
+    # reads FAIL alone (its failure lines say what).
+    cells = [
+        rows.verdict_cell(rows.PairRow.from_json({"verdict": verdict, "timing": timing}))
+        for verdict, timing in (("PASS", "not slower"), ("FAIL", "slower"), ("FAIL", "not slower"), ("-", None))
+    ]
+    assert cells == ["PASS not slower", "FAIL slower", "FAIL", "n/a"]
+
+
+def test_a_figure_not_measured_reads_n_a_in_every_column() -> None:
+    """A multi-turn pair has no E2E latency: its cell reads n/a, not ``->-``; one side missing keeps the other."""
+    row = {
+        "pair": "L/M", "concurrency": 8, "cache_hit_observed": True, "cached_tokens": 512,
+        "expected_cached_tokens": 512, "hit_ratio": 0.5, "median_ttft_off_ms": 338.0, "median_ttft_on_ms": None,
+        "ttft_speedup": None, "prefill_bound": None, "input_throughput_off": None, "input_throughput_on": None,
+        "output_throughput_off": None, "output_throughput_on": None, "median_e2el_off_ms": None,
+        "median_e2el_on_ms": None, "verdict": "-",
+    }  # fmt: skip
+    cells = _cells(terminal.table([row]), "L/M")
+    assert cells["E2E ms"] == cells["in tok/s"] == cells["gain/bound"] == cells["verdict"] == "n/a"
+    assert cells["TTFT ms"] == "338 -> n/a"
+    assert _md_cells(markdown.markdown(ReportView.from_document({"pairs": [row]}, "x")), "L/M")["E2E ON ms"] == "n/a"
+
+
+def test_no_table_of_the_committed_results_reads_as_a_comparison_or_a_dash() -> None:
+    """Every results file under docs/results, as ``report -v`` prints it: two figures read ``off -> on``,
+    never ``x>y``, and nothing prints ``->-`` or a bare ``-`` cell."""
+    from pathlib import Path
+
+    files = sorted(Path(__file__).parent.parent.glob("docs/results/**/results.json"))
+    assert files
+    for path in files:
+        view = ReportView.from_document(json.loads(path.read_text()), str(path))
+        text = "\n".join(text for text, _ in terminal.summary_lines(view, verbose=True))
+        assert not re.search(r"\d>\d|->-|-/-", text), path
+        for line in text.splitlines():
+            if line.startswith(("pair ", "case ", "route ", "---")):
+                continue
+            assert " - " not in f" {line} ".replace("  ", " "), (path, line)
+
+
+COUNTED = """
+import pytest
+from pytest_apc import verdicts
+from pytest_apc.verdicts.verdict import NOT_SLOWER
+
+pytestmark = pytest.mark.apc
+
+@pytest.mark.apc_cases("C")
+def test_two_verdicts(apc_run, apc_assert):
+    apc_assert(verdicts.apc_really_off(apc_run))
+    apc_assert(verdicts.apc_really_off(apc_run))
+
+@pytest.mark.apc_cases("D")
+def test_held_to(apc_pair, apc_assert):
+    ids = [apc_pair.off.key.id, apc_pair.on.key.id]
+    apc_assert(verdicts.Verdict("not_slower", ids, True, "held only to not slower", held_to=NOT_SLOWER))
+
+@pytest.mark.apc_cases("C")
+def test_fails(apc_run, apc_assert):
+    apc_assert(verdicts.Verdict("apc_really_off", [apc_run.key.id], False, "made to fail"))
+
+def test_skipped():
+    pytest.skip("not this time")
+"""
+
+
+def test_summary_md_counts_the_tests_as_pytest_does(tmp_path, run_inner) -> None:
+    """A test that records two verdicts is one test: summary.md's count is pytest's own summary line, kept in
+    results.json; the pair a verdict held only to not slower says so in summary.md."""
+    from tests.test_faults import fake_args
+
+    (tmp_path / "test_counted.py").write_text(COUNTED)
+    inner = run_inner(*fake_args())
+    assert inner.ret == 1, inner.output
+    last = inner.output.strip().splitlines()[-1]
+    assert re.search(r"\b1 failed, 2 passed, 1 skipped\b", last), last
+    summary = next(tmp_path.glob("apc-results/*/summary.md")).read_text()
+    assert "Tests: 1 failed, 2 passed, 1 skipped." in summary.splitlines()
+    assert "Verdicts" not in summary  # 3 passed, 1 failed: not what pytest counts
+    doc = json.loads(next(tmp_path.glob("apc-results/*/results.json")).read_text())
+    assert doc["tests"] == {"failed": 1, "passed": 2, "skipped": 1}
+    assert _md_cells(summary, "C/D")["verdict"] == "FAIL"  # failed on C's own verdict, not on its timing
+    assert doc["pairs"][0]["timing"] == "not slower"

@@ -318,3 +318,26 @@ def test_every_repeat_reaches_the_numbers_and_the_first_failure_leads(pytester) 
     assert v.passed
     assert len(v.numbers["repeats"]) == 2
     assert v.numbers["hits"] == on.prediction.expected_hits
+
+
+def test_a_timing_verdict_owns_the_rule_it_held_the_pair_to(pytester) -> None:
+    """The rule that applied is the verdict's own value (``held_to``), in results.json too; a verdict that does
+    not pass or fail on timing alone has none, and a file written before verdicts carried it reads the rule
+    from the verdict's name."""
+    from pytest_apc.verdicts.verdict import FASTER, NOT_SLOWER, found, held_to
+
+    s = settings(pytester, "--apc-low-concurrency=1")
+    off1, on1 = record(s, "E", 1, delta(0, 0), 80.0), record(s, "F", 1, delta(1, 0), 40.0)
+    off8, on8 = record(s, "E", 8, delta(0, 0), 80.0), record(s, "F", 8, delta(1, 0), 79.0)
+    low, high = verdicts.rag_effect(verdicts.Pair(off1, on1, s)), verdicts.rag_effect(verdicts.Pair(off8, on8, s))
+    assert (low.held_to, high.held_to) == (FASTER, NOT_SLOWER)
+    assert (low.to_json()["held_to"], high.to_json()["held_to"]) == ("faster", "not slower")
+    assert verdicts.apc_really_off(off8).held_to is None
+    assert "held_to" not in verdicts.apc_really_off(off8).to_json()
+    for v in (low, high):
+        older = {k: x for k, x in v.to_json().items() if k != "held_to"}
+        assert held_to(older) == v.held_to
+    assert held_to(verdicts.apc_really_off(off8).to_json()) is None
+    assert [found(FASTER, True), found(FASTER, False), found(NOT_SLOWER, True), found(NOT_SLOWER, False)] == [
+        "faster", "not faster", "not slower", "slower"
+    ]  # fmt: skip

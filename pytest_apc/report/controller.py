@@ -6,6 +6,7 @@ write (which adds the gate's verdict, the files and the timing)."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,11 @@ VERDICTS_PROPERTY = "apc_verdicts"  # the call report: [Verdict.to_json(), ...]
 RUNS_PROPERTY = "apc_runs"  # a failed report of any phase: the ids of the runs the test is about
 
 
-def report_blocks(data: ReportData, gate: Gate) -> dict[str, Any]:
-    """What the report adds to results.json, in the file's order: the verdicts, then the rows of each table
-    (``pairs``, ``hash_algos``, ``fleet``, ``offload``) and the baseline gate."""
+def report_blocks(data: ReportData, gate: Gate, tests: dict[str, int] | None = None) -> dict[str, Any]:
+    """What the report adds to results.json, in the file's order: pytest's count of the tests, the verdicts,
+    then the rows of each table (``pairs``, ``hash_algos``, ``fleet``, ``offload``) and the baseline gate."""
     return {
+        **({"tests": tests} if tests is not None else {}),
         "verdicts": data.verdicts,
         "pairs": data.pair_numbers(),
         "hash_algos": data.algo_numbers(),
@@ -50,12 +52,17 @@ class ControllerReporter:
         self.apc = apc
         self.baseline = baseline  # read and checked at configure time (--apc-baseline)
         self.outcomes = Outcomes()
+        self.tests: Counter[str] = Counter()  # pytest's count of the session's tests by outcome, as it prints it
         self.gate = Gate()
         self.data: ReportData | None = None
         self._document: dict[str, Any] | None = None
         self._view: ReportView | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # Counted as pytest's own summary line counts: the category pytest_report_teststatus gives each report.
+        category = self.config.hook.pytest_report_teststatus(report=report, config=self.config)[0]
+        if category and getattr(report, "count_towards_summary", True):
+            self.tests[category] += 1
         properties = dict(report.user_properties)
         runs = properties.get(RUNS_PROPERTY)
         if report.failed and isinstance(runs, list):
@@ -77,7 +84,7 @@ class ControllerReporter:
         if self._document is None:
             data = self.report_data()  # first: under xdist it loads what the workers measured
             report = {"environment": environment(self.apc.measured.servers, self.apc.run_dir.parent),
-                      **report_blocks(data, self.gate)}  # fmt: skip
+                      **report_blocks(data, self.gate, dict(self.tests))}  # fmt: skip
             self._document = results.of_session(self.apc, report)
         return self._document
 

@@ -6,11 +6,12 @@ from a results file."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tabulate import tabulate
 
-from pytest_apc.report.terminal import fleet_lead, offload_lead, server_lines
+from pytest_apc.report.terminal import algo_lead, fleet_lead, offload_lead, pair_legend, server_lines
 from pytest_apc.results.columns import Row, cells
 from pytest_apc.results.formatting import first_line
 from pytest_apc.results.rows import AlgoRow, FleetRow, PairRow, TierRow
@@ -24,13 +25,34 @@ def _table(kind: type[Row], rows: Sequence[Row]) -> str:
     return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
 
 
+# The outcomes pytest's summary line counts, in its order.
+_OUTCOMES = ("failed", "passed", "skipped", "xfailed", "xpassed", "error")
+
+
+def tests_line(tests: Mapping[str, int]) -> str:
+    """The tests as pytest's summary line counts them: ``Tests: 2 failed, 7 passed.`` ("2 errors", as pytest
+    says it)."""
+    parts = [f"{tests[key]} {key}{'s' if key == 'error' and tests[key] != 1 else ''}"
+             for key in _OUTCOMES if tests.get(key)]  # fmt: skip
+    return f"Tests: {', '.join(parts) or 'none ran'}."
+
+
+def verdicts_line(verdicts: Sequence[Mapping[str, Any]]) -> str:
+    """For a results file that does not record pytest's count: the verdicts, which are not tests (a test may
+    record several)."""
+    failed = sum(1 for v in verdicts if not v["passed"])
+    return f"Verdicts (a test may record several): {len(verdicts) - failed} passed, {failed} failed."
+
+
 def markdown(view: ReportView) -> str:
     lines = ["# APC validation", "", f"Model `{view.model}`, profile `{view.profile}`.", ""]
     lines += [f"- {line}" for line in server_lines(view.servers, view.launches)]
     if view.pairs:
         lines += ["", _table(PairRow, view.pairs), ""]
+        legend = pair_legend(view.pairs)
+        lines += [f"{legend}.", ""] if legend else []
     if view.algos:
-        lines += ["", "Hash algorithms against the default (equal cached tokens; TTFT ratio algorithm/default):"]
+        lines += ["", f"{algo_lead(view.algos)}; TTFT ratio algorithm/default:"]
         lines += ["", _table(AlgoRow, view.algos), ""]
     if view.fleet:
         lines += ["", f"{fleet_lead(view.fleet)}:"]
@@ -41,7 +63,7 @@ def markdown(view: ReportView) -> str:
         lines += ["", _table(TierRow, view.offload), ""]
     lines += [f"- {case}: {CASE_PURPOSE.get(case, '')}" for case in view.cases()] + [""]
     failed = [v for v in view.verdicts if not v["passed"]]
-    lines.append(f"Verdicts: {len(view.verdicts) - len(failed)} passed, {len(failed)} failed.")
+    lines.append(tests_line(view.tests) if view.tests else verdicts_line(view.verdicts))
     lines += [f"- FAIL `{v.get('test')}`: {first_line(v.get('message'))}" for v in failed]
     lines += [f"- NOT MEASURED {run_id}: {first_line(error)}" for run_id, error in view.errors]
     lines += [f"- FAIL baseline: {line}" for line in view.gate.get("failures") or []]

@@ -18,7 +18,7 @@ from pytest_apc.measure.provenance import LAYOUT_FLAGS
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.redaction import redact
 from pytest_apc.results.columns import Row, cells
-from pytest_apc.results.formatting import first_line, num, percent
+from pytest_apc.results.formatting import ARROW, MISSING, first_line, num, percent, two
 from pytest_apc.results.rows import AlgoRow, FleetRow, PairRow, TierRow
 from pytest_apc.results.view import ReportView
 from pytest_apc.workload.cases import RunKey
@@ -120,7 +120,7 @@ class RunProgress:
         if not key.apc:  # its prediction is the ON partner's; an OFF server hits nothing
             cached = f"cached {num(hits)} (APC off)"
         else:
-            cached = f"cached {num(hits)}/{num(record.prediction.expected_hits if record.prediction else None)}"
+            cached = f"cached {two(hits, record.prediction.expected_hits if record.prediction else None, '/')}"
         return f"done in {duration(seconds)}: {cached}, TTFT {num(row['median_ttft_ms'])} ms"
 
     def _left(self) -> str:
@@ -139,9 +139,29 @@ class RunProgress:
 
 def table(rows: Rows[PairRow], verbose: bool = False) -> str:
     """The validation table of pair rows (results.json's ``pairs``; a file first written by schema_version 1
-    also keeps the rows of hash-algorithm servers there, named e.g. ``E/F xxhash``); fits 120 columns, -v adds
+    also keeps the rows of hash-algorithm servers there, named e.g. ``E/F xxhash``); fits 150 columns, -v adds
     columns."""
     return rendered(PairRow, rows, verbose)
+
+
+def pair_legend(rows: Rows[PairRow]) -> str | None:
+    """The line below the validation table that says what its verdicts held each pair to (None when no timing
+    verdict judged a pair)."""
+    if not any(row.timing for row in PairRow.typed(rows)):
+        return None
+    return (
+        "verdict: the pair's tests; its TTFT held to faster (a significant gain) or only to not slower (within the "
+        "overhead tolerance)"
+    )
+
+
+def algo_lead(rows: Rows[AlgoRow]) -> str:
+    """The line above the hash-algorithm table: what each row is held to."""
+    default = AlgoRow.typed(rows)[0].default_hash_algo or "not reported"
+    return (
+        f"hash algorithms vs the default ({default}): cached tokens must be equal, TTFT and duration (default"
+        f"{ARROW}algorithm) not slower beyond the overhead tolerance"
+    )
 
 
 def algo_table(rows: Rows[AlgoRow]) -> str:
@@ -208,17 +228,17 @@ def gate_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         metrics = {m["metric"]: m for m in row["metrics"]}
         ttft, hits = metrics.get("ttft"), metrics.get("cached_tokens")
-        ttft_cells = ["-", "-", "-"]
+        ttft_cells = [MISSING, MISSING, MISSING]
         if ttft:
             mark = " !" if ttft["result"] == "REGRESSED" else ""
             ttft_cells = [
-                f"{num(ttft['was'])} -> {num(ttft['now'])} (<= {num(ttft['limit'])}){mark}",
+                f"{two(ttft['was'], ttft['now'])} (<= {num(ttft['limit'])}){mark}",
                 percent(ttft["change"]),
                 f">= {percent(ttft['detectable'])}",
             ]
-        hits_cell = "-"
+        hits_cell = MISSING
         if hits:
-            hits_cell = f"{num(hits['was'])} -> {num(hits['now'])}" + (" !" if hits["result"] == "REGRESSED" else "")
+            hits_cell = two(hits["was"], hits["now"]) + (" !" if hits["result"] == "REGRESSED" else "")
         k_base, k_now = row["repeats"]
         body.append([row["run"], f"{k_base}/{k_now}", *ttft_cells, hits_cell, row["result"]])
     headers = ["run", "K", "mean TTFT ms", "change", "catches", "cached tokens", "vs baseline"]
@@ -281,7 +301,7 @@ def gate_lines(gate: Mapping[str, Any]) -> list[tuple[str, Markup]]:
         lines.append(
             (
                 f"baseline {gate.get('baseline')}: {compared} {what}{'' if compared == 1 else 's'} compared, "
-                f"{regressed} regressed{refused} (baseline -> now (limit))",
+                f"{regressed} regressed{refused} (baseline{ARROW}now (limit))",
                 {},
             )
         )
@@ -296,14 +316,15 @@ def summary_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Ma
     lines: list[tuple[str, Markup]] = []
     model = model_path_for_display(view.model)
     fleet_only = not view.pairs and bool(view.fleet or view.offload)
-    legend = "" if fleet_only else "; TTFT OFF>ON; gain = median TTFT OFF/ON"
+    legend = "" if fleet_only else f"; TTFT, tok/s, E2E: APC off{ARROW}on; gain = median TTFT off/on"
     lines.append((f"model {model} ({view.profile} profile){legend}", {}))
     lines += [(line, {}) for line in server_lines(view.servers, view.launches)]
     if view.pairs:
         lines.append((table(view.pairs, verbose=verbose), {}))
+        held = pair_legend(view.pairs)
+        lines += [(held, {})] if held else []
     if view.algos:
-        default = view.algos[0].default_hash_algo or "not reported"
-        lines.append((f"hash algorithms vs the default ({default}): cached tokens must be equal", {}))
+        lines.append((algo_lead(view.algos), {}))
         lines.append((algo_table(view.algos), {}))
     lines += fleet_lines(view, verbose)
     if view.offload:

@@ -22,12 +22,19 @@ R = TypeVar("R", bound="Row")
 Format = str | Callable[[Any], str] | None
 
 
-def stored(header: str | None, fmt: Format = None, *, default: Any = MISSING, sparse: bool = False) -> Any:
+def stored(
+    header: str | None,
+    fmt: Format = None,
+    *,
+    default: Any = MISSING,
+    sparse: bool = False,
+    cell: Callable[[Any], str] | None = None,
+) -> Any:
     """A key of the row in results.json, shown in summary.md as the column ``header`` (None: in the file
-    only) and formatted by ``fmt``. A key that an older results file lacks reads as ``default``, else None.
-    ``sparse``: a table shows the column only when one of its rows has a value (files written before the
-    key existed print as they did)."""
-    return field(default=default, metadata={"header": header, "fmt": fmt, "sparse": sparse})
+    only) and formatted by ``fmt``, or ``cell`` of the whole row where the cell shows more than the key. A
+    key that an older results file lacks reads as ``default``, else None. ``sparse``: a table shows the
+    column only when one of its rows has a value (files written before the key existed print as they did)."""
+    return field(default=default, metadata={"header": header, "fmt": fmt, "sparse": sparse, "cell": cell})
 
 
 def present(*names: str) -> Callable[[Sequence[Any]], bool]:
@@ -49,7 +56,7 @@ class Column(Generic[R]):
 
 def _markdown_cell(name: str, fmt: Format) -> Callable[[Any], str]:
     def cell(row: Any) -> str:
-        value = getattr(row, name, None)  # None in a row of a class without the field: "-"
+        value = getattr(row, name, None)  # None in a row of a class without the field: n/a
         return fmt(value) if callable(fmt) else num(value, fmt)
 
     return cell
@@ -92,7 +99,7 @@ class Row:
         """summary.md's columns for these rows: every stored field with a header, in the file's order (a
         sparse one where a row has a value)."""
         return [
-            Column(f.metadata["header"], _markdown_cell(f.name, f.metadata["fmt"]))
+            Column(f.metadata["header"], f.metadata["cell"] or _markdown_cell(f.name, f.metadata["fmt"]))
             for f in cls.stored_fields()
             if f.metadata["header"] and (not f.metadata["sparse"] or present(f.name)(rows))
         ]

@@ -8,7 +8,9 @@ are results.json's ``pairs``, ``hash_algos``, ``fleet`` and ``offload`` rows and
 baseline gate, results.json) reads the same :class:`ReportData`, so the bootstrap behind each row runs
 once, and ``python -m pytest_apc report`` re-reads a file's rows through :meth:`Row.from_json`.
 
-Every kind of row is judged by one rule (:meth:`Outcomes.verdict_label`). A number that a verdict also
+Every kind of row is judged by one rule (:meth:`Outcomes.verdict_label`); a pair row's verdict cell also
+says what its timing verdict held it to and found (:meth:`Outcomes.timing`: ``PASS faster``, ``PASS not
+slower``, ``FAIL slower``). A number that a verdict also
 judges (the TTFT gain and ratio with their intervals, the cached tokens, where a fleet's requests landed,
 the answers) is read from :mod:`pytest_apc.verdicts.figures` and :func:`pytest_apc.verdicts.answers.compared`,
 which compute it once on every repeat for the verdict and the row alike.
@@ -23,9 +25,10 @@ from typing import Any, ClassVar, TypeVar
 from pytest_apc.config import Settings
 from pytest_apc.measure.records import MeasurementError, RunRecord, tier_hits
 from pytest_apc.results.columns import Column, Row, present, stored
-from pytest_apc.results.formatting import compact, num
+from pytest_apc.results.formatting import ARROW, MISSING, compact, num, two
 from pytest_apc.verdicts import affinity, answers, figures, locality
 from pytest_apc.verdicts.stats import Interval, median_interval
+from pytest_apc.verdicts.verdict import FASTER, NOT_SLOWER, found, held_to
 from pytest_apc.workload.cases import PAIRS, RunKey
 
 
@@ -51,6 +54,20 @@ class Outcomes:
         results += [False for run_id in self.failed_runs if run_id in runs]  # failed before any verdict
         return "-" if not results else ("PASS" if all(results) else "FAIL")
 
+    def timing(self, runs: Collection[str]) -> str | None:
+        """What the timing verdicts that compare ``runs`` found against the rule they held them to
+        (:func:`~pytest_apc.verdicts.verdict.found`): a failed one's finding; else "faster" where one was held
+        to a gain, else "not slower"; None when no timing verdict compared them."""
+        judged = [
+            (rule, bool(v["passed"]))
+            for v in self.verdicts
+            if set(v["runs"]) <= set(runs) and (rule := held_to(v)) is not None
+        ]
+        failed = [j for j in judged if not j[1]]
+        if not judged:
+            return None
+        return found(*(failed[0] if failed else max(judged, key=lambda j: j[0] == FASTER)))
+
 
 R = TypeVar("R", bound=Row)
 
@@ -65,12 +82,32 @@ class MeasuredRow(Row):
 
 def _interval(low: float | None, high: float | None) -> str:
     """A ratio's interval: ``[4.90,17.94]``."""
-    return f"[{num(low, '.2f')},{num(high, '.2f')}]"
+    return MISSING if low is None and high is None else f"[{num(low, '.2f')},{num(high, '.2f')}]"
 
 
-def _from(left: Any, right: Any, sep: str = ">") -> str:
-    """Two numbers of a cell: ``4,351>342``."""
-    return f"{num(left)}{sep}{num(right)}"
+def _times(value: float | None, spec: str) -> str:
+    """A ratio: ``3.26x``."""
+    return MISSING if value is None else f"{value:{spec}}x"
+
+
+def _gain_bound(gain: float | None, bound: float | None) -> str:
+    """A pair's TTFT gain next to its prefill bound: ``3.26x/13.2x``."""
+    return MISSING if gain is None and bound is None else f"{_times(gain, '.2f')}/{_times(bound, '.3g')}"
+
+
+_TIMING_PASSED = {found(FASTER, True), found(NOT_SLOWER, True)}
+
+
+def verdict_cell(row: Any) -> str:
+    """A row's verdict as its tables show it: PASS or FAIL, with what its timing verdict found where one
+    judged it: ``PASS faster``, ``PASS not slower``, ``FAIL not faster``, ``FAIL slower`` (a row that failed
+    on something else reads ``FAIL``); n/a where nothing judged it."""
+    verdict = row.verdict
+    if verdict not in ("PASS", "FAIL"):
+        return MISSING
+    timing = getattr(row, "timing", None)
+    shown = timing and (verdict == "PASS") == (timing in _TIMING_PASSED)
+    return f"{verdict} {timing}" if shown else verdict
 
 
 _pair_p90 = present("p90_ttft_off_ms", "p90_ttft_on_ms")  # written since p90 was stored
@@ -101,25 +138,35 @@ class PairRow(MeasuredRow):
     median_e2el_off_ms: float | None = stored("E2E OFF ms")
     median_e2el_on_ms: float | None = stored("E2E ON ms")
     answers: str | None = stored("answers", sparse=True)  # probed cached answers that agree: 4/4, 1 DIFFER
-    verdict: str = stored("verdict", default="-")  # PASS / FAIL / -
+    # What the pair's timing verdict found against its rule: faster / not faster / not slower / slower.
+    timing: str | None = stored(None, sparse=True)
+    verdict: str = stored("verdict", default="-", cell=verdict_cell)  # PASS / FAIL / -
 
-    # Fits 120 columns; -v adds the p90 TTFT (where the runs have one) and the gain's interval.
+    # Fits 150 columns; -v adds the p90 TTFT (where the runs have one) and the gain's interval.
     TERMINAL: ClassVar[tuple[Column[Any], ...]] = (
         Column("pair", lambda r: r.pair),
         Column("c", lambda r: r.concurrency),
         Column("hit", lambda r: "yes" if r.cache_hit_observed else ("NO" if r.expected_cached_tokens else "no")),
-        Column("cached/expected", lambda r: _from(r.cached_tokens, r.expected_cached_tokens, "/")),
+        Column("cached/expected", lambda r: two(r.cached_tokens, r.expected_cached_tokens, "/")),
         Column("ratio", lambda r: num(r.hit_ratio, ".0%")),
-        Column("TTFT ms", lambda r: _from(r.median_ttft_off_ms, r.median_ttft_on_ms)),
-        Column("p90 TTFT ms", lambda r: _from(r.p90_ttft_off_ms, r.p90_ttft_on_ms), verbose=True, shown=_pair_p90),
-        Column("gain/bound", lambda r: f"{num(r.ttft_speedup, '.2f')}x/{num(r.prefill_bound, '.3g')}x"),
+        Column("TTFT ms", lambda r: two(r.median_ttft_off_ms, r.median_ttft_on_ms)),
+        Column("p90 TTFT ms", lambda r: two(r.p90_ttft_off_ms, r.p90_ttft_on_ms), verbose=True, shown=_pair_p90),
+        Column("gain/bound", lambda r: _gain_bound(r.ttft_speedup, r.prefill_bound)),
         Column("gain CI", lambda r: _interval(r.ttft_speedup_low, r.ttft_speedup_high), verbose=True),
-        Column("in tok/s", lambda r: f"{compact(r.input_throughput_off)}>{compact(r.input_throughput_on)}"),
-        Column("out tok/s", lambda r: f"{compact(r.output_throughput_off)}>{compact(r.output_throughput_on)}"),
-        Column("E2E ms", lambda r: _from(r.median_e2el_off_ms, r.median_e2el_on_ms)),
-        Column("answers", lambda r: r.answers or "-", shown=present("answers")),
-        Column("verdict", lambda r: r.verdict),
-    )
+        Column("in tok/s", lambda r: two(r.input_throughput_off, r.input_throughput_on, fmt=compact)),
+        Column("out tok/s", lambda r: two(r.output_throughput_off, r.output_throughput_on, fmt=compact)),
+        Column("E2E ms", lambda r: two(r.median_e2el_off_ms, r.median_e2el_on_ms)),
+        Column("answers", lambda r: r.answers or MISSING, shown=present("answers")),
+        Column("verdict", verdict_cell),
+    )  # fmt: skip
+
+    @property
+    def run_ids(self) -> tuple[str, str]:
+        """The ids of its OFF and ON runs: ``C-c8``, ``D-c8`` (``D-c8-xxhash`` for a schema_version 1 row
+        ``C/D xxhash``)."""
+        cases, _, algo = str(self.pair).partition(" ")
+        off, _, on = cases.partition("/")
+        return RunKey(off, self.concurrency).id, RunKey(on, self.concurrency, algo).id
 
     @property
     def name(self) -> str:
@@ -148,8 +195,8 @@ class PairRow(MeasuredRow):
             input_throughput_off=off_json["input_throughput"], input_throughput_on=on_json["input_throughput"],
             output_throughput_off=off_json["output_throughput"], output_throughput_on=on_json["output_throughput"],
             median_e2el_off_ms=off_json["median_e2el_ms"], median_e2el_on_ms=on_json["median_e2el_ms"],
-            answers=answers.compared(on, off).cell, verdict=outcomes.verdict_label({off.key.id, on.key.id}),
-            runs=(off, on),
+            answers=answers.compared(on, off).cell, timing=outcomes.timing({off.key.id, on.key.id}),
+            verdict=outcomes.verdict_label({off.key.id, on.key.id}), runs=(off, on),
         )  # fmt: skip
 
 
@@ -171,22 +218,23 @@ class AlgoRow(MeasuredRow):
     duration_default_s: float | None = stored("duration default s")
     duration_s: float | None = stored("duration s")
     answers: str | None = stored("answers", sparse=True)
-    verdict: str = stored("verdict", default="-")
+    verdict: str = stored("verdict", default="-", cell=verdict_cell)
 
     # Same cached tokens, TTFT and duration within tolerance.
     TERMINAL: ClassVar[tuple[Column[Any], ...]] = (
         Column("case algorithm", lambda r: f"{r.case} {r.hash_algo}"),
         Column("c", lambda r: r.concurrency),
-        Column("cached/default", lambda r: _from(r.cached_tokens, r.default_cached_tokens, "/")),
-        Column("TTFT ms default>algo", lambda r: _from(r.median_ttft_default_ms, r.median_ttft_ms)),
+        Column("cached/default", lambda r: two(r.cached_tokens, r.default_cached_tokens, "/")),
+        Column(f"TTFT ms default{ARROW.strip()}algo", lambda r: two(r.median_ttft_default_ms, r.median_ttft_ms)),
         Column(
             "TTFT algo/default",
-            lambda r: f"{num(r.ttft_ratio, '.2f')}x {_interval(r.ttft_ratio_low, r.ttft_ratio_high)}",
+            lambda r: MISSING if r.ttft_ratio is None
+            else f"{_times(r.ttft_ratio, '.2f')} {_interval(r.ttft_ratio_low, r.ttft_ratio_high)}",
         ),
-        Column("duration s", lambda r: _from(r.duration_default_s, r.duration_s)),
-        Column("answers", lambda r: r.answers or "-", shown=present("answers")),
-        Column("verdict", lambda r: r.verdict),
-    )
+        Column("duration s", lambda r: two(r.duration_default_s, r.duration_s)),
+        Column("answers", lambda r: r.answers or MISSING, shown=present("answers")),
+        Column("verdict", verdict_cell),
+    )  # fmt: skip
 
     @property
     def run(self) -> RunRecord:
@@ -197,7 +245,7 @@ class AlgoRow(MeasuredRow):
     def build(cls, default: RunRecord, run: RunRecord, outcomes: Outcomes, settings: Settings) -> AlgoRow:
         try:
             ratio: Interval | None = figures.ttft_ratio(run, default, settings)
-        except ValueError:  # no per-request samples: the row shows "-"
+        except ValueError:  # no per-request samples: the row shows n/a
             ratio = None
         hits, default_hits = figures.hash_hits(run, default)
         return cls(
@@ -232,7 +280,7 @@ def _passed(verdict: str) -> bool | None:
 
 def fleet_requests(counts: Sequence[int] | None) -> str:
     """Requests per replica, in replica order: ``15+15``."""
-    return "+".join(num(c) for c in counts) if counts else "-"
+    return "+".join(num(c) for c in counts) if counts else MISSING
 
 
 def _verdict_of(passed: bool | None) -> str:
@@ -271,7 +319,7 @@ class FleetRow(MeasuredRow):
     output_throughput: float | None = stored("out tok/s")
     request_throughput: float | None = stored("req/s")
     answers: str | None = stored("answers", sparse=True)
-    passed: bool | None = stored("verdict", _verdict_of)  # the row's verdict as true / false / null
+    passed: bool | None = stored("verdict", cell=verdict_cell)  # the row's verdict as true / false / null
     error: str | None = stored(None)  # why the run's locality could not be told
 
     # The concurrency is in the line above the table, and in a row's route where the runs have several.
@@ -280,14 +328,14 @@ class FleetRow(MeasuredRow):
         Column("route", lambda r: r.label, shown=lambda rows: not several_levels(rows)),
         Column("replicas", lambda r: num(r.replicas)),
         Column("requests", lambda r: fleet_requests(r.requests_per_replica)),
-        Column("cold/ideal", lambda r: _from(r.cold_prefills, r.ideal_cold_prefills, "/")),
-        Column("hits/ideal", lambda r: _from(r.hits, r.ideal_hits, "/")),
+        Column("cold/ideal", lambda r: two(r.cold_prefills, r.ideal_cold_prefills, "/")),
+        Column("hits/ideal", lambda r: two(r.hits, r.ideal_hits, "/")),
         Column("cost", lambda r: num(r.routing_cost, ".1%")),
         Column("TTFT ms [CI]", lambda r: r.ttft_text),
         Column("p90 TTFT ms", lambda r: num(r.p90_ttft_ms), verbose=True, shown=present("p90_ttft_ms")),
         Column("out tok/s", lambda r: compact(r.output_throughput)),
-        Column("answers", lambda r: r.answers or "-", shown=present("answers")),
-        Column("verdict", lambda r: r.verdict),
+        Column("answers", lambda r: r.answers or MISSING, shown=present("answers")),
+        Column("verdict", verdict_cell),
     )
 
     @property
@@ -413,7 +461,7 @@ class TierRow(MeasuredRow):
     p90_ttft_ms: float | None = stored("p90 TTFT ms", sparse=True)
     p99_ttft_ms: float | None = stored("p99 TTFT ms")
     answers: str | None = stored("answers", sparse=True)
-    verdict: str = stored("verdict", default="-")
+    verdict: str = stored("verdict", default="-", cell=verdict_cell)
 
     TERMINAL: ClassVar[tuple[Column[Any], ...]] = (
         Column("case", lambda r: r.case if r.case != "M" else "M turns"),
@@ -423,12 +471,12 @@ class TierRow(MeasuredRow):
         Column("GPU hits", lambda r: num(r.gpu_cache_hits)),
         Column("tier hits", lambda r: num(r.tier_hits)),
         Column("computed", lambda r: num(r.computed_tokens)),
-        Column("all tiers/predicted", lambda r: _from(r.hits_all_tiers, r.expected_hits, "/")),
+        Column("all tiers/predicted", lambda r: two(r.hits_all_tiers, r.expected_hits, "/")),
         Column("GPU replayed", lambda r: num(r.gpu_cache_hits_replayed)),
         Column("TTFT ms", lambda r: num(r.median_ttft_ms)),
         Column("p90 TTFT ms", lambda r: num(r.p90_ttft_ms), verbose=True, shown=present("p90_ttft_ms")),
-        Column("answers", lambda r: r.answers or "-", shown=present("answers")),
-        Column("verdict", lambda r: r.verdict),
+        Column("answers", lambda r: r.answers or MISSING, shown=present("answers")),
+        Column("verdict", verdict_cell),
     )
 
     @classmethod

@@ -1,15 +1,16 @@
 """What the terminal summary and ``summary.md`` show, as plain data: a results document, the live
 session's (built by the controller) or one read back from a file (``python -m pytest_apc report``). Both
 outputs render a :class:`ReportView` only, so a results file re-reads exactly as its run printed it,
-without recomputing a number."""
+without recomputing a number (a pair row of a file written before rows carried ``timing`` reads it from the
+file's verdicts, as the run that wrote a newer file did)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pytest_apc.results.rows import AlgoRow, FleetRow, PairRow, TierRow
+from pytest_apc.results.rows import AlgoRow, FleetRow, Outcomes, PairRow, TierRow
 
 
 @dataclass(frozen=True)
@@ -30,24 +31,33 @@ class ReportView:
     results: str = ""  # where the results file is
     fleet: list[FleetRow] = field(default_factory=list)  # one row per fleet run
     offload: list[TierRow] = field(default_factory=list)  # one row per offload run
+    tests: Mapping[str, int] = field(default_factory=dict)  # pytest's count of its tests by outcome, as it printed
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any], path: str) -> ReportView:
-        """A results document as written: its rows are not recomputed."""
+        """A results document as written: its rows are not recomputed (a pair row without ``timing`` reads it
+        from the document's verdicts)."""
+        verdicts = list(doc.get("verdicts") or [])
+        outcomes = Outcomes(verdicts)
+        pairs = [
+            row if row.timing is not None else replace(row, timing=outcomes.timing(row.run_ids))
+            for row in PairRow.typed(doc.get("pairs") or [])
+        ]
         return cls(
             model=str(doc.get("model") or ""),
             profile=doc.get("profile"),
             servers=[s for s in doc.get("servers") or [] if isinstance(s, dict)],
             launches=doc.get("server_launches") or {},
-            pairs=PairRow.typed(doc.get("pairs") or []),
+            pairs=pairs,
             algos=AlgoRow.typed(doc.get("hash_algos") or []),
-            verdicts=list(doc.get("verdicts") or []),
+            verdicts=verdicts,
             errors=[(str(run), str(error)) for run, error in (doc.get("errors") or {}).items()],
             warnings=[str(w) for w in doc.get("warnings") or []],
             gate=dict(doc.get("gate") or {}),
             results=path,
             fleet=FleetRow.typed(doc.get("fleet") or []),
             offload=TierRow.typed(doc.get("offload") or []),
+            tests=dict(doc.get("tests") or {}),
         )
 
     def cases(self) -> list[str]:

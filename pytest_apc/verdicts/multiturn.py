@@ -16,7 +16,7 @@ import numpy as np
 from pytest_apc.measure.records import RunRecord
 from pytest_apc.verdicts.pairs import Pair
 from pytest_apc.verdicts.stats import ratio_of_medians
-from pytest_apc.verdicts.verdict import Verdict
+from pytest_apc.verdicts.verdict import FASTER, NOT_SLOWER, Verdict
 from pytest_apc.workload.multiturn import TurnRecord
 
 
@@ -221,7 +221,7 @@ def late_turn_ttft(pair: Pair) -> Verdict:
                "median_ttft_off_ms": float(np.median(off)), "median_ttft_on_ms": float(np.median(on)),
                "turns": turns, "prefill_bound": bound, "gain_by_turn": {str(t): g for t, g in per_turn.items()},
                "gain_required": must_gain}  # fmt: skip
-    return Verdict("multiturn_ttft", ids, ok, message, numbers)
+    return Verdict("multiturn_ttft", ids, ok, message, numbers, held_to=FASTER if must_gain else NOT_SLOWER)
 
 
 def prefill_bound(turns: list[TurnRecord]) -> float | None:

@@ -9,7 +9,7 @@ from typing import Any
 from pytest_apc.verdicts import figures
 from pytest_apc.verdicts.diagnoses import diagnose_short_hits
 from pytest_apc.verdicts.pairs import Pair
-from pytest_apc.verdicts.verdict import Verdict
+from pytest_apc.verdicts.verdict import FASTER, NOT_SLOWER, Verdict
 
 
 def prefill_saved(pair: Pair) -> Verdict:
@@ -108,7 +108,7 @@ def ttft_gain(pair: Pair) -> Verdict:
     if not ok and low <= 1.0:
         message += "\n- the gain is not significant: its interval reaches 1.0 (no improvement)"
         message += "\ndiagnosis: " + diagnose_no_gain(pair)
-    return Verdict("ttft_gain", [pair.off.key.id, pair.on.key.id], ok, message, n)
+    return Verdict("ttft_gain", [pair.off.key.id, pair.on.key.id], ok, message, n, held_to=FASTER)
 
 
 def not_slower(pair: Pair) -> Verdict:
@@ -128,7 +128,7 @@ def not_slower(pair: Pair) -> Verdict:
     if problems:
         message += "\n" + "\n".join(f"- {p}" for p in problems)
         message += "\ndiagnosis: APC overhead (hashing, lookups, block management) costs more than it saves here"
-    return Verdict("not_slower", [pair.off.key.id, pair.on.key.id], not problems, message, n)
+    return Verdict("not_slower", [pair.off.key.id, pair.on.key.id], not problems, message, n, held_to=NOT_SLOWER)
 
 
 def pure_effect(pair: Pair) -> Verdict:

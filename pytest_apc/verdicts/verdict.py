@@ -8,9 +8,16 @@ several cold repeats judges each of them).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+# What a timing verdict held its runs to: a significant TTFT gain, or no slowdown beyond the overhead tolerance.
+FASTER = "faster"
+NOT_SLOWER = "not slower"
+# What a report's verdict cell says a timing verdict found, by what it was held to and whether it passed.
+_FOUND = {(FASTER, True): "faster", (FASTER, False): "not faster", (NOT_SLOWER, True): "not slower",
+          (NOT_SLOWER, False): "slower"}  # fmt: skip
 
 
 @dataclass
@@ -20,15 +27,38 @@ class Verdict:
     passed: bool
     message: str
     numbers: dict[str, Any] = field(default_factory=dict)
+    # The rule of a verdict that passes or fails on timing alone: FASTER or NOT_SLOWER (None for any other).
+    held_to: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        rule = {"held_to": self.held_to} if self.held_to else {}
         return {
             "name": self.name,
             "runs": self.runs,
             "passed": self.passed,
             "message": self.message,
             "numbers": self.numbers,
+            **rule,
         }
+
+
+def held_to(verdict: Mapping[str, Any]) -> str | None:
+    """The rule a recorded verdict (``Verdict.to_json()``) held its runs to: its ``held_to``; in a file written
+    before verdicts carried it, the rule its name and numbers imply (ttft_gain a gain, not_slower no slowdown,
+    multiturn_ttft a gain where ``gain_required``). None for a verdict that does not pass or fail on timing
+    alone."""
+    if verdict.get("held_to"):
+        return str(verdict["held_to"])
+    name = verdict.get("name")
+    if name == "multiturn_ttft" and "gain_required" in (verdict.get("numbers") or {}):
+        return FASTER if verdict["numbers"]["gain_required"] else NOT_SLOWER
+    return {"ttft_gain": FASTER, "not_slower": NOT_SLOWER}.get(str(name))
+
+
+def found(rule: str, passed: bool) -> str:
+    """What a timing verdict found against its rule, as the report's verdict cell says it: faster or not
+    faster (held to a significant gain), not slower or slower (held to no slowdown beyond the tolerance)."""
+    return _FOUND[rule, passed]
 
 
 def shown_repeat(failed: Sequence[bool]) -> int:
