@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from pytest_apc.config import Settings, default_for, setting_names
+from tests.installed import installed, sdist, wheel  # noqa: F401  (session fixtures: the installed wheel)
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE_VLLM = REPO / "tests" / "fake_vllm.py"
@@ -52,13 +53,24 @@ def vllm_servers() -> list[psutil.Process]:
 class InnerRun:
     """A pytest subprocess running the plugin, with its output, exit code and pid."""
 
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 900) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        timeout: float = 900,
+        command: list[str] | None = None,
+    ) -> None:
+        """``command``: what runs pytest (default: this interpreter's); an installed ``pytest-apc`` runs without
+        this checkout on the path."""
         full_env = {**os.environ, **(env or {})}
         full_env.pop("PYTEST_XDIST_WORKER", None)
         full_env.pop("PYTEST_ADDOPTS", None)
+        if command is not None:
+            full_env.pop("PYTHONPATH", None)
         self.args = args
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+            [*(command or [sys.executable, "-m", "pytest"]), "-p", "no:cacheprovider", *args],
             cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         self.timeout = timeout

@@ -1,6 +1,7 @@
 """End to end against real vLLM: the APC suite (tests_apc) on vLLM's CPU build with the generated tiny
-model, exactly as a user runs it with ``pytest -m apc --cpu-node``. This is the evidence that the
-plugin's verdicts hold on a real server. Minutes, not seconds: one file, so xdist keeps it on one worker.
+model, exactly as a user runs it with ``pytest-apc -m apc --cpu-node`` from the installed wheel. This is the
+evidence that the plugin's verdicts hold on a real server. Minutes, not seconds: one file, so xdist keeps
+it on one worker.
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ def results(root: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
-    """One real run of the whole APC suite, shared by the assertions below."""
+def full_run(tmp_path_factory, installed: Path):
+    """One real run of the whole APC suite, shared by the assertions below: the README's main job,
+    ``pytest-apc -m apc --cpu-node``, typed into an empty folder with only the wheel installed."""
     from tests.conftest import InnerRun
 
     root = tmp_path_factory.mktemp("e2e-full")
-    args = [str(TESTS_APC), "-m", "apc", "--cpu-node", "-v", "-rA", f"--apc-results-dir={root}/apc-results"]
-    inner = InnerRun(args, root, timeout=3000).wait()
-    yield inner, results(root)
+    inner = InnerRun(
+        ["-m", "apc", "--cpu-node", "-v", "-rA"], root, timeout=3000, command=[str(installed / "pytest-apc")]
+    )
+    inner.wait()
+    yield inner, results(root)  # under the folder it ran in
     inner.require_nothing_left()
 
 

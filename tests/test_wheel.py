@@ -1,43 +1,27 @@
-"""The package as users install it: an sdist built from this checkout holds what the plugin's own tests read
-(they run from it), a wheel built from the sdist holds the license and the console script, and installed (not
-editable) into a new virtual environment it runs the shipped suite through ``pytest-apc`` from an empty folder
-against a real vLLM CPU server.
-
-vLLM's CPU build and torch are not installed again (gigabytes): the new environment sees the project's
-.venv packages through a path file placed after its own site-packages, so pytest-apc and its dependencies
-come from the wheel and the new environment, and only vLLM and torch from the project's."""
+"""The package as users install it (built and installed once per session, tests/installed.py): the sdist
+holds what the plugin's own tests read (they run from it), the wheel holds the license and the console
+script, and every command of README.md and docs/quickstart.md runs from an empty folder with the wheel
+installed (the main job on real vLLM in tests/test_e2e_cpu.py, the others against the fake server)."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import site
+import re
+import shlex
 import subprocess
-import sys
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import apc_processes
+from tests.conftest import FAKE_VLLM, vllm_servers
+from tests.installed import REPO, run
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parent.parent
 
-
-def _run(*args: str | Path, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
-    return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-# What .gitignore names: a venv, an earlier build or egg-info folder, results or caches cannot leak into the builds.
-NOT_SOURCES = shutil.ignore_patterns(
-    ".git", ".venv", "__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache", ".ruff_cache", "apc-results",
-    "*.egg-info", "build", "dist", ".gpu",
-)  # fmt: skip
 # Tests of the plugin run from the unpacked sdist: those that read the docs, the scripts, the CI entry point,
 # tests/data and the fake server, beside the console script's own.
 SDIST_TESTS = [
@@ -55,52 +39,6 @@ def _files(root: Path, *parts: str) -> set[str]:
         paths = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
         found |= {str(p.relative_to(root)) for p in paths if "__pycache__" not in p.parts and p.suffix != ".pyc"}
     return found
-
-
-def _built(command: list[str | Path], cwd: Path, out: Path, pattern: str) -> Path:
-    """Run a build command; the one file it wrote into ``out``."""
-    built = _run(*command, cwd=cwd)
-    assert built.returncode == 0, built.stdout + built.stderr
-    (path,) = out.glob(pattern)
-    return path
-
-
-@pytest.fixture(scope="module")
-def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sdist, built by setuptools' build backend (what ``python -m build --sdist`` calls) from a copy of
-    the checkout."""
-    source, out = tmp_path_factory.mktemp("source") / "pytest-apc", tmp_path_factory.mktemp("sdist")
-    shutil.copytree(REPO, source, ignore=NOT_SOURCES)
-    backend = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
-    return _built([sys.executable, "-c", backend, out], source, out, "pytest_apc-*.tar.gz")
-
-
-@pytest.fixture(scope="module")
-def wheel(sdist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel built from the sdist, as ``python -m build`` builds it: the sdist must hold what it needs."""
-    out = tmp_path_factory.mktemp("wheel")
-    return _built(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", sdist, "-w", out], out, out, "pytest_apc-*.whl"
-    )
-
-
-@pytest.fixture(scope="module")
-def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A new virtual environment with the wheel installed (not editable); its bin folder."""
-    root = tmp_path_factory.mktemp("installed")
-    venv = root / "venv"
-    assert _run(sys.executable, "-m", "venv", venv, cwd=root).returncode == 0
-    python = venv / "bin" / "python"
-    installed = _run(python, "-m", "pip", "install", "-q", wheel, cwd=root)
-    assert installed.returncode == 0, installed.stdout + installed.stderr
-    own = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=root).stdout.strip())
-    # vLLM and torch from the project's environment, after everything the new one has.
-    (own / "zz-project-vllm.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    where = _run(python, "-c", "import pytest_apc.plugin, pytest_apc.report, vllm; print(pytest_apc.__file__)",
-                 cwd=root)  # fmt: skip
-    assert where.returncode == 0, where.stderr
-    assert Path(where.stdout.strip()).is_relative_to(own)  # the wheel's copy, not this checkout's
-    return venv / "bin"
 
 
 def test_the_wheel_holds_every_subpackage_its_data_the_suite_and_the_license(wheel: Path) -> None:
@@ -130,7 +68,7 @@ def test_the_sdists_tests_run_from_it(sdist: Path, installed: Path, tmp_path: Pa
     with tarfile.open(sdist) as archive:
         archive.extractall(tmp_path, filter="data")
     (unpacked,) = tmp_path.iterdir()
-    ran = _run(installed / "python", "-m", "pytest", *SDIST_TESTS, "-q", "-p", "no:cacheprovider", cwd=unpacked)
+    ran = run(installed / "python", "-m", "pytest", *SDIST_TESTS, "-q", "-p", "no:cacheprovider", cwd=unpacked)
     assert ran.returncode == 0, (ran.stdout + ran.stderr)[-5000:]
     assert " passed" in ran.stdout
 
@@ -138,35 +76,107 @@ def test_the_sdists_tests_run_from_it(sdist: Path, installed: Path, tmp_path: Pa
 def test_the_installed_console_script_prints_the_version_and_runs_the_commands(installed: Path, tmp_path: Path) -> None:
     from pytest_apc import __version__
 
-    version = _run(installed / "pytest-apc", "--version", cwd=tmp_path)
+    version = run(installed / "pytest-apc", "--version", cwd=tmp_path)
     assert (version.returncode, version.stdout) == (0, f"pytest-apc {__version__}\n")
     example = REPO / "docs" / "results" / "cpu" / "results.json"
-    script = _run(installed / "pytest-apc", "report", example, cwd=tmp_path)
-    module = _run(installed / "python", "-m", "pytest_apc", "report", example, cwd=tmp_path)
+    script = run(installed / "pytest-apc", "report", example, cwd=tmp_path)
+    module = run(installed / "python", "-m", "pytest_apc", "report", example, cwd=tmp_path)
     assert script.returncode == module.returncode == 0, script.stderr + module.stderr
     assert script.stdout == module.stdout
     assert "pair" in script.stdout
     license_text = "import importlib.metadata as m; print(m.distribution('pytest-apc').read_text('licenses/LICENSE'))"
-    shipped = _run(installed / "python", "-c", license_text, cwd=tmp_path)
+    shipped = run(installed / "python", "-c", license_text, cwd=tmp_path)
     assert shipped.stdout == (REPO / "LICENSE").read_text() + "\n"
 
 
-def test_an_installed_wheel_runs_the_suite_from_an_empty_folder(installed: Path, tmp_path: Path) -> None:
-    """``pytest-apc ARGS``, the console script, runs the installed suite (pytest --pyargs tests_apc ARGS)."""
-    empty = tmp_path / "empty"
-    empty.mkdir()
+# Commands of the docs that need a checkout of this repository (its scripts, its source) or root rights: the
+# docs say so beside them. Every other command runs from an empty folder with the installed wheel alone.
+NEEDS_A_CHECKOUT = ("bash", "pip", "sudo")
+MAIN_JOB = "pytest-apc -m apc --cpu-node"  # run on real vLLM by tests/test_e2e_cpu.py, from the wheel too
+MODEL_PATHS = re.compile(r"^(/models/|/path/to/)")
+# The fake server in place of vLLM, at lengths and counts that keep each command to seconds.
+FAKE = {
+    "PYTEST_APC_SERVER_COMMAND": f"{{python}} {FAKE_VLLM}", "PYTEST_APC_NUM_PROMPTS": "4",
+    "PYTEST_APC_LENGTH_SCALE": "0.01", "PYTEST_APC_STARTUP_TIMEOUT": "20", "PYTEST_APC_STOP_TIMEOUT": "3",
+    "PYTEST_APC_SWEEP_CONCURRENCY": "8", "PYTEST_APC_ANSWERS_PROBES": "1",
+}  # fmt: skip
+
+
+def documented_commands(page: Path) -> list[list[str]]:
+    """The shell commands of ``page``'s code blocks (fenced, or indented by four spaces after a blank line),
+    continuation lines joined and comments dropped, then those of its inline code that start with the console
+    script, in order, each once; an ``export NAME=VALUE`` line stays a command of its own."""
+    text = page.read_text()
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
+    blocks += ["\n".join(line[4:] for line in b.splitlines()) for b in re.findall(r"\n\n((?:    .*\n)+)", text)]
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    # Inline commands with their arguments (not a bare ``pytest-apc report`` naming the command in prose).
+    lines += [c for c in re.findall(r"`(pytest-apc [^`]+)`", text) if len(c.split()) > 2 and "ARGS" not in c]
+    commands: list[list[str]] = []
+    for line in lines:
+        if line.split(maxsplit=1)[:1] not in (["pytest-apc"], ["pytest"], ["export"], *([w] for w in NEEDS_A_CHECKOUT)):
+            continue  # output, a table, prose
+        words = shlex.split(line, comments=True)
+        if words not in commands:
+            commands.append(words)
+    return commands
+
+
+def _fake_args(words: list[str], model: str) -> list[str]:
+    """``words`` with every model path of the docs replaced by the generated tiny model's."""
+    return [model if MODEL_PATHS.match(w) else w for w in words]
+
+
+def test_every_readme_and_quickstart_command_runs_from_an_empty_folder(installed: Path, tmp_path: Path) -> None:
+    """Each command of README.md and docs/quickstart.md, as a user types it into an empty folder with only the
+    wheel installed: the suite is collected and every run it plans is measured (on the fake server, whose
+    timings prove nothing, so a verdict may fail; real vLLM runs the main job in tests/test_e2e_cpu.py), its
+    results land in that folder, and ``report`` re-reads them. The commands that need a checkout are named."""
+    from pytest_apc.workload.models import ensure_tiny_model
+
+    model = str(ensure_tiny_model())
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
-    inner = subprocess.Popen(
-        [str(installed / "pytest-apc"), "-m", "pure and not sweep", "--cpu-node", "-p", "no:cacheprovider",
-         "--apc-results-dir=apc-results"],
-        cwd=empty, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    output, _ = inner.communicate(timeout=900)
-    assert inner.returncode == 0, output[-5000:]
-    assert "4 passed" in output
-    (results,) = empty.glob("apc-results/*/results.json")
-    data = json.loads(results.read_text())
-    assert [r["id"] for r in data["runs"]] == ["C-c8", "D-c8"]
-    assert all(v["passed"] for v in data["verdicts"])
-    assert data["environment"]["pytest_apc"] == __import__("pytest_apc").__version__
-    assert not apc_processes(inner.pid)
+    env |= FAKE | {"PATH": f"{installed}{os.pathsep}{env['PATH']}"}
+    commands = [c for page in (REPO / "README.md", REPO / "docs" / "quickstart.md") for c in documented_commands(page)]
+    ran, checkout_only = [], []
+    for number, words in enumerate(commands):
+        line = shlex.join(words)
+        if words[0] in NEEDS_A_CHECKOUT or (words[0] == "pytest" and "--pyargs" not in words) or line == MAIN_JOB:
+            checkout_only.append(line)
+            continue
+        if words[0] == "export":
+            name, value = words[1].split("=", 1)
+            env[name] = _fake_args([value], model)[0]
+            continue
+        folder = tmp_path / f"command-{number}"
+        folder.mkdir()
+        if words[1:2] == ["report"]:
+            earlier = sorted(tmp_path.glob("command-*/apc-results/*/results.json"))[-1]
+            words = [w if "<timestamp>" not in w else str(earlier) for w in words]
+        # The fake's blocks as vLLM's own for the profile: 16 tokens on a GPU, 128 on the CPU build.
+        fake = env | (
+            {"PYTEST_APC_SERVER_COMMAND": f"{{python}} {FAKE_VLLM} --block-size 128"} if "--cpu-node" in words else {}
+        )
+        done = subprocess.run(_fake_args(words, model), cwd=folder, env=fake, capture_output=True, text=True,
+                              timeout=900)  # fmt: skip
+        output = done.stdout + done.stderr
+        ran.append(line)
+        if words[1:2] in (["--version"], ["report"]):
+            assert done.returncode == 0, (line, output[-3000:])
+            continue
+        last = output.strip().splitlines()[-1]
+        # 0 or 1: collected and run (a verdict may fail on the fake); never a usage error or nothing collected.
+        assert done.returncode in (0, 1), (line, output[-5000:])
+        assert " error" not in last, (line, output[-5000:])
+        assert " passed" in last or " failed" in last, (line, last)
+        (results,) = folder.glob("apc-results/*/results.json")
+        data = json.loads(results.read_text())
+        assert data["runs"], line
+        assert not data["errors"], (line, data["errors"])
+        for run_record in data["runs"]:
+            assert run_record["completed"] > 0, (line, run_record["id"])
+            assert run_record["failed"] == 0, (line, run_record["id"])
+    assert MAIN_JOB in checkout_only  # on real vLLM instead, as the main job
+    assert {line.split()[0] for line in checkout_only} <= {"bash", "pip", "sudo", "pytest", "pytest-apc"}
+    assert len(ran) >= 15, ran
+    assert not vllm_servers()
