@@ -74,11 +74,11 @@ MARKERS = (
     "sweep: the concurrency sweep over cases C-F",
     f"apc_cases(cases, {', '.join(f'{name}=False' for name in APC_CASES_OPTIONS)}): parametrize apc_run / "
     f"apc_pair over these cases ({', '.join(CASE_APC)}; e.g. 'CD') at the default concurrency, over "
-    "--apc-sweep-concurrency (sweep), or per --apc-hash-algos; case R once per route (fleet: each "
-    "--apc-router-policies policy, dp with --apc-data-parallel-size, or --apc-fleet-url's --apc-route-label); "
-    "cases N/O over --apc-offload-concurrency (sequential: at concurrency 1 only); cases M/L over "
-    "--apc-multiturn-concurrency (compact: the compaction run, at the highest level; tiers: case M at concurrency "
-    "1 on a small GPU cache without and with a CPU offload tier)",
+    "--apc-set sweep_concurrency (sweep), or per --apc-hash-algos; case R once per route (fleet: each "
+    "--apc-set router_policies policy, dp with --apc-set data_parallel_size, or --apc-fleet-url's "
+    "--apc-set route_label); cases N/O over --apc-set offload_concurrency (sequential: at concurrency 1 only); "
+    "cases M/L over --apc-set multiturn_concurrency (compact: the compaction run, at the highest level; tiers: "
+    "case M at concurrency 1 on a small GPU cache without and with a CPU offload tier)",
     "hash_algo: the comparison of prefix-caching hash algorithms (--apc-hash-algos)",
     "fleet: case R on replicas behind a router (vllm-router policies, data parallel, an external fleet); "
     "not part of -m apc: select with -m fleet",
@@ -89,8 +89,20 @@ MARKERS = (
 )
 
 
+# The heading of the plugin's group in pytest --help: what to run, the markers, where the other settings are
+# (argparse prints a heading as it is, then ":").
+HELP_HEADING = """vLLM automatic prefix caching validation (pytest-apc), e.g.
+  pytest-apc -m apc --cpu-node             vLLM's CPU build, a generated tiny model
+  pytest-apc -m apc --gpu-node --apc-model PATH
+  pytest-apc -m "pure or rag" --gpu-node --apc-baseline OLD/results.json
+  pytest-apc -m fleet --gpu-node --apc-set replicas=4
+  markers (-m): apc (overhead, pure, rag, sweep, hash_algo); fleet, offload,
+  multiturn (not in apc). Every other setting: --apc-set NAME=VALUE, listed by
+  pytest-apc settings. Options"""
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    apc_config.add_options(parser)
+    apc_config.add_options(parser, HELP_HEADING)
 
 
 def _is_worker(config: pytest.Config) -> bool:
