@@ -1,7 +1,9 @@
 """Every pytest-apc setting, declared once, resolved once.
 
-Each setting exists as a command-line option (``--apc-x``), an ini key (``apc_x``) and an environment
-variable (``PYTEST_APC_X``). One precedence applies to all of them:
+The settings a user needs (group :data:`MAIN`) each exist as a command-line option (``--apc-x``), an ini key
+(``apc_x``) and an environment variable (``PYTEST_APC_X``); every other one is given by name: ``--apc-set x=V``
+(repeatable), lines ``x=V`` of the ini key ``apc_set``, words ``x=V`` of ``PYTEST_APC_SET``. Its old names are
+refused with the new spelling (:func:`renamed`). One precedence applies to all of them:
 
     command line  >  environment  >  ini file  >  profile default (--gpu-node / --cpu-node)  >  default
 

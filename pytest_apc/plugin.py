@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import shlex
 import signal
+import textwrap
 import threading
 import warnings
 from collections.abc import Callable, Generator, Sequence
@@ -89,20 +90,28 @@ MARKERS = (
 )
 
 
-# The heading of the plugin's group in pytest --help: what to run, the markers, where the other settings are
-# (argparse prints a heading as it is, then ":").
-HELP_HEADING = """vLLM automatic prefix caching validation (pytest-apc), e.g.
-  pytest-apc -m apc --cpu-node             vLLM's CPU build, a generated tiny model
-  pytest-apc -m apc --gpu-node --apc-model PATH
-  pytest-apc -m "pure or rag" --gpu-node --apc-baseline OLD/results.json
-  pytest-apc -m fleet --gpu-node --apc-set replicas=4
-  markers (-m): apc (overhead, pure, rag, sweep, hash_algo); fleet, offload,
-  multiturn (not in apc). Every other setting: --apc-set NAME=VALUE, listed by
-  pytest-apc settings. Options"""
+def _help_heading() -> str:
+    """The heading of the plugin's group in pytest --help: what to run, the markers (from :data:`MARKERS`),
+    where the other settings are. argparse prints a heading as it is, then ":"."""
+    markers = [line for line in MARKERS if not line.startswith(("apc:", "apc_cases("))]
+    own = [line.split(":")[0] for line in markers if "not part of -m apc" in line]
+    in_apc = [line.split(":")[0] for line in markers if "not part of -m apc" not in line]
+    words = (
+        f"markers (-m): apc ({', '.join(in_apc)}); {', '.join(own)} (not in apc). Every other setting: "
+        f"{apc_config.SET_OPTION} NAME=VALUE, listed by pytest-apc settings. Options"
+    )
+    return "\n".join([
+        "vLLM automatic prefix caching validation (pytest-apc), e.g.",
+        "  pytest-apc -m apc --cpu-node             vLLM's CPU build, a generated tiny model",
+        "  pytest-apc -m apc --gpu-node --apc-model PATH",
+        '  pytest-apc -m "pure or rag" --gpu-node --apc-baseline OLD/results.json',
+        f"  pytest-apc -m fleet --gpu-node {apc_config.SET_OPTION} replicas=4",
+        *textwrap.wrap(words, width=78, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False),
+    ])  # fmt: skip
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    apc_config.add_options(parser, HELP_HEADING)
+    apc_config.add_options(parser, _help_heading())
 
 
 def _is_worker(config: pytest.Config) -> bool:
