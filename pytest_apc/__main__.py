@@ -5,7 +5,8 @@ a pytest run, and (``pytest-apc`` only) run the installed suite.
 file against another by the rules of ``--apc-baseline``; ``calibrate`` measures the run-to-run noise of
 several results files of one build, the limits it implies, and can store it in a baseline. They render and
 compare through the functions the plugin uses (``report.terminal``, ``report.markdown``, ``gate.compare``,
-``gate.calibration`` and its ``gate.noise``); nothing is recomputed.
+``gate.calibration`` and its ``gate.noise``); nothing is recomputed. ``settings`` lists every setting
+(``report.reference``).
 ``pytest-apc [PYTEST ARGS]`` is ``pytest --pyargs tests_apc [PYTEST ARGS]``: the suite as the wheel installed it,
 from any folder. ``python -m pytest_apc.measure.bench`` and ``python -m pytest_apc.report.reference`` are
 separate modules.
@@ -27,6 +28,7 @@ from pytest_apc import __version__, arguments
 from pytest_apc.config import SPEC_BY_NAME, default_for
 from pytest_apc.gate import calibration
 from pytest_apc.gate.compare import compare_documents
+from pytest_apc.report import reference
 from pytest_apc.report.markdown import markdown
 from pytest_apc.report.terminal import gate_lines, summary_lines
 from pytest_apc.results.reader import BadResults, Results, read
@@ -86,7 +88,7 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
         prog=prog,
         description=_wrapped(
             "Re-read pytest-apc results files (results.json of the current schema_version) without a server: print "
-            "a run's validation table, or compare two runs by the rules of --apc-baseline."
+            "a run's validation table, or compare two runs by the rules of --apc-baseline; or list every setting."
         ),
         epilog=EXIT_STATUSES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -160,6 +162,13 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="store the measured noise in this results file (rewritten in place), or in a new one, a copy of the "
         "first RESULTS, for use as the baseline",
     )
+    command(
+        "settings",
+        "list every setting of the plugin, with its defaults",
+        "List every pytest-apc setting by group: the options pytest --help shows, then the verdict thresholds and "
+        "every other setting, given as --apc-set NAME=VALUE (ini apc_set, env PYTEST_APC_SET), each with its "
+        "default, its --gpu-node and --cpu-node defaults, and what it does.",
+    )
     return top
 
 
@@ -167,7 +176,7 @@ def _gate_options(parser: argparse.ArgumentParser, whose: str) -> None:
     """--false-alarm and --repeats, whose defaults are the settings ``whose`` (a file) ran with."""
     for option, metavar, name in (("--false-alarm", "FRACTION", "baseline_false_alarm"),
                                   ("--repeats", "K", "baseline_repeats")):  # fmt: skip
-        flag = SPEC_BY_NAME[name].option
+        flag = SPEC_BY_NAME[name].label
         parser.add_argument(
             option,
             metavar=metavar,
@@ -255,7 +264,12 @@ def _calibrate(args: argparse.Namespace) -> int:
     return FAILED if found.failed else OK
 
 
-COMMANDS = {"report": _report, "compare": _compare, "calibrate": _calibrate}
+def _settings(args: argparse.Namespace) -> int:
+    print(reference.settings_text())
+    return OK
+
+
+COMMANDS = {"report": _report, "compare": _compare, "calibrate": _calibrate, "settings": _settings}
 
 
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:

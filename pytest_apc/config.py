@@ -1,7 +1,9 @@
 """Every pytest-apc setting, declared once, resolved once.
 
-Each setting exists as a command-line option (``--apc-x``), an ini key (``apc_x``) and an environment
-variable (``PYTEST_APC_X``). One precedence applies to all of them:
+The settings a user needs (group :data:`MAIN`) each exist as a command-line option (``--apc-x``), an ini key
+(``apc_x``) and an environment variable (``PYTEST_APC_X``); every other one is given by name: ``--apc-set x=V``
+(repeatable), lines ``x=V`` of the ini key ``apc_set``, words ``x=V`` of ``PYTEST_APC_SET``. Its old names are
+refused with the new spelling (:func:`renamed`). One precedence applies to all of them:
 
     command line  >  environment  >  ini file  >  profile default (--gpu-node / --cpu-node)  >  default
 
@@ -12,13 +14,15 @@ are the declarations: the table of :class:`Spec` that options, resolution and do
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import os
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 import pytest
 
@@ -30,7 +34,7 @@ ROUTER_POLICIES = (
     "round_robin", "random", "cache_aware", "consistent_hash", "power_of_two", "sticky_least_loaded", "kv_aware",
 )  # fmt: skip
 DATA_PARALLEL = "dp"  # one vLLM server with --data-parallel-size: its own balancer
-# A router or gateway run elsewhere (--apc-fleet-url): the default of its route label (--apc-route-label). Any
+# A router or gateway run elsewhere (--apc-fleet-url): the default of its route label (--apc-set route_label). Any
 # route that is neither a router policy nor DATA_PARALLEL is an external fleet's label.
 EXTERNAL_FLEET = "external"
 # Bind addresses meaning "every interface"; clients reach such a server on the loopback address.
@@ -40,6 +44,23 @@ CPU_LENGTH_SCALE = 1 / 16
 
 T = TypeVar("T")
 N = TypeVar("N", int, float)
+
+
+MAIN = "main"
+# The groups of the settings set by name (--apc-set NAME=VALUE), in the order `pytest-apc settings` lists them.
+GROUPS = {
+    MAIN: "Options (each also an ini key apc_NAME and an environment variable PYTEST_APC_NAME)",
+    "thresholds": "Verdict thresholds (what a pass requires)",
+    "workload": "Workload (prompts, lengths, concurrency levels)",
+    "server": "Servers (launch, reach, timeouts)",
+    "output": "Results files and the baseline gate",
+    "fleet": "Fleet tests (-m fleet)",
+    "offload": "Offload tests (-m offload)",
+    "multiturn": "Multi-turn tests (-m multiturn)",
+}
+SET_OPTION = "--apc-set"  # NAME=VALUE, repeatable: every setting not in MAIN
+SET_INI = "apc_set"  # one NAME=VALUE per line
+SET_ENV = "PYTEST_APC_SET"  # shell-quoted NAME=VALUE words
 
 
 class SettingError(ValueError):
@@ -76,6 +97,29 @@ _non_negative_int = number(int, low=0)
 _positive_float = number(float, low=0, low_open=True)
 _fraction = number(float, low=0, low_open=True, high=1)
 _fraction_or_zero = number(float, low=0, high=1)
+
+
+# "Concurrency up to which a gain must hold" (low_concurrency, pure_gain_concurrency, multiturn_gain_concurrency):
+# 0 at no level, ALL_LEVELS at every level.
+ALL_LEVELS = "all"
+NO_LEVEL: int | str = 0  # typed as the settings are, for their declarations
+
+
+def _levels_up_to(text: str) -> int | str:
+    if text.strip() == ALL_LEVELS:
+        return ALL_LEVELS
+    if text.strip() == "-1":  # pure_gain_concurrency's old "at no level", before one convention for all three
+        raise ValueError("-1 no longer means no level: 0 is no level, all is every level")
+    try:
+        return _non_negative_int(text)
+    except ValueError:
+        raise ValueError("must be an integer >= 0 (0: no level) or all (every level)") from None
+
+
+def gain_required(limit: int | str, concurrency: int) -> bool:
+    """Whether a "concurrency up to which a gain must hold" setting (``limit``) requires the gain at
+    ``concurrency``: never at 0, always at :data:`ALL_LEVELS`."""
+    return limit == ALL_LEVELS or concurrency <= int(limit)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -177,10 +221,32 @@ class Spec:
     cpu: Any = None
     repeatable: bool = False  # option may be given several times; ini is a line list
     family: str = ""  # the one case family that reads this setting ("": several, or not a case's)
+    group: str = MAIN  # MAIN: an option, ini key and env var of its own; else one of GROUPS, set by --apc-set
+    brief: str = ""  # a MAIN setting's one line in --help (the help is the docs)
+
+    @property
+    def advanced(self) -> bool:
+        """Set by name through --apc-set, PYTEST_APC_SET and apc_set; :attr:`option`, :attr:`ini` and
+        :attr:`env` are its names before the rename, refused with the new spelling."""
+        return self.group != MAIN
 
     @property
     def option(self) -> str:
         return "--apc-" + self.name.replace("_", "-")
+
+    @property
+    def label(self) -> str:
+        """Its name on the command line, as messages give it: ``--apc-model``, ``--apc-set num_prompts``."""
+        return f"{SET_OPTION} {self.name}" if self.advanced else self.option
+
+    def spelled(self, value: str) -> str:
+        """The setting given ``value`` on the command line: ``--apc-repeats 3``, ``--apc-set seed=1``."""
+        return f"{self.label}={value}" if self.advanced else f"{self.option} {value}"
+
+    @property
+    def given_as(self) -> str:
+        """How one sets it on the command line: ``--apc-model=PATH``, ``--apc-set num_prompts=N``."""
+        return f"{self.label}={self.metavar}"
 
     def shown(self, value: Any) -> str:
         """``value`` as one would give it: a list comma-separated, a command line space-separated; "" for
@@ -210,6 +276,13 @@ class Spec:
         return f"{self.help}. {self.defaults}" if self.defaults else self.help
 
     @property
+    def brief_described(self) -> str:
+        """``--help``'s line: the brief with the defaults (the help with them where there is no brief)."""
+        if not self.brief:
+            return self.described
+        return f"{self.brief}. {self.defaults}" if self.defaults else self.brief
+
+    @property
     def ini(self) -> str:
         return "apc_" + self.name
 
@@ -231,6 +304,8 @@ def setting(
     gpu: T | None = None,
     cpu: T | None = None,
     family: str = "",
+    group: str = "",
+    brief: str = "",
 ) -> T: ...
 
 
@@ -243,6 +318,8 @@ def setting(
     *,
     repeatable: Literal[True],
     family: str = "",
+    group: str = "",
+    brief: str = "",
 ) -> tuple[T, ...]: ...
 
 
@@ -256,17 +333,22 @@ def setting(
     cpu: Any = None,
     repeatable: bool = False,
     family: str = "",
+    group: str = "",
+    brief: str = "",
 ) -> Any:
     """Declare one setting as a :class:`Settings` field, whose name and annotation are the setting's.
 
     The field gets no dataclass default: :func:`resolve` always passes every value. A repeatable
     setting's ``parse`` applies to each item. ``family``: the case family that alone reads it (the plan
-    warns when it is given and no test of that family is selected).
+    warns when it is given and no test of that family is selected). ``group``: :data:`MAIN` for a setting
+    every user may need (``brief`` is its line in ``--help``), else its group in :data:`GROUPS` (default: the
+    family's, else MAIN).
     """
     # A dataclasses.Field, typed by the overloads as the value so that mypy holds ``parse``, ``default``
     # and the profile defaults to the field's annotation.
     declared = {"parse": parse, "default": default, "help": help, "metavar": metavar}
     declared |= {"gpu": gpu, "cpu": cpu, "repeatable": repeatable, "family": family}
+    declared |= {"group": group or family or MAIN, "brief": brief}
     return field(metadata={_SPEC: declared})
 
 
@@ -288,6 +370,7 @@ class Settings:
             "are shorthands. Without a profile every APC test is skipped"
         ),
         "gpu|cpu",
+        brief="gpu or cpu (--gpu-node, --cpu-node are shorthands)",
     )
     without_profile: str = setting(
         _one_of("skip", "fail"),
@@ -298,6 +381,7 @@ class Settings:
             "file or environment"
         ),
         "skip|fail",
+        brief="skip or fail (a gate: exit 4) selected APC tests without a profile",
     )
     model: str = setting(
         _str,
@@ -305,6 +389,7 @@ class Settings:
         "Model served by both servers (path or name). GPU default: $MODEL_70B; CPU default: the generated tiny model",
         "PATH",
         cpu="",
+        brief="Model both servers serve (a path or a name)",
     )
     model_shape: str = setting(
         _str,  # one of workload.models.SHAPES: workload.plan.check_settings refuses another
@@ -316,6 +401,7 @@ class Settings:
             "are staged; answers are random text but each prompt's own, APC and timing are real"
         ),
         "SHAPE",
+        brief="Random weights of a shape: llama-3.1-8b, llama-3.1-70b",
     )
     tokenizer: str = setting(
         _str,
@@ -326,6 +412,7 @@ class Settings:
             "this, not a model"
         ),
         "PATH",
+        brief="Tokenizer of the benchmark (default: the model)",
     )
     served_model_name: str = setting(
         _str,
@@ -335,9 +422,15 @@ class Settings:
             "serve it; unset, the name their /v1/models lists is taken"
         ),
         "NAME",
+        group="server",
     )
     tensor_parallel_size: int = setting(
-        _non_negative_int, 0, "Tensor-parallel size of the GPU servers. 0: the number of visible GPUs", "N", cpu=1
+        _non_negative_int,
+        0,
+        "Tensor-parallel size of the GPU servers. 0: the number of visible GPUs",
+        "N",
+        cpu=1,
+        brief="GPUs per server (0: every visible GPU)",
     )
     server_arg: tuple[str, ...] = setting(
         _str,
@@ -348,12 +441,14 @@ class Settings:
         ),
         "ARG",
         repeatable=True,
+        brief="Extra vLLM server argument (repeatable)",
     )
     server_command: tuple[str, ...] = setting(
         _args,
         ("{python}", "-m", "vllm.entrypoints.openai.api_server"),
-        "Command that starts one vLLM OpenAI server; {python} is --apc-server-python",
+        "Command that starts one vLLM OpenAI server; {python} is server_python",
         "CMD",
+        group="server",
     )
     launcher: tuple[str, ...] = setting(
         _args,
@@ -366,6 +461,7 @@ class Settings:
             "environment, never on a command line"
         ),
         "CMD",
+        brief="Prefix that launches servers: srun ..., docker run ...",
     )
     server_python: str = setting(
         _str,
@@ -375,6 +471,7 @@ class Settings:
             "--apc-launcher, python3 (a container has its own; in the launcher itself {python} is this one)"
         ),
         "PATH",
+        group="server",
     )
     url_on: str = setting(
         _url,
@@ -384,8 +481,15 @@ class Settings:
             "still apply; the plugin never stops it; it needs VLLM_SERVER_DEV_MODE=1 for cache resets)"
         ),
         "URL",
+        brief="An APC-on server run elsewhere (with --apc-url-off)",
     )
-    url_off: str = setting(_url, "", "Validate an APC-off server running elsewhere instead of launching one", "URL")
+    url_off: str = setting(
+        _url,
+        "",
+        "Validate an APC-off server running elsewhere instead of launching one",
+        "URL",
+        brief="An APC-off server run elsewhere (with --apc-url-on)",
+    )
     api_key: str = setting(
         _str,
         "",
@@ -395,6 +499,7 @@ class Settings:
             "Prefer PYTEST_APC_API_KEY: a command-line value is visible to other users in ps"
         ),
         "KEY",
+        brief="API key; prefer PYTEST_APC_API_KEY (ps shows options)",
     )
     replica_api_key: str = setting(
         _str,
@@ -402,7 +507,7 @@ class Settings:
         (
             "Fleet tests with --apc-fleet-url: the API key of the replicas (--apc-metrics-url), sent to their "
             "/v1/models (and every other request the plugin sends them), where the gateway gets --apc-api-key. "
-            "Default: --apc-api-key. Redacted like it; prefer PYTEST_APC_REPLICA_API_KEY"
+            "Default: --apc-api-key. Redacted like it; prefer PYTEST_APC_SET=replica_api_key=KEY"
         ),
         "KEY",
         family="fleet",
@@ -418,6 +523,7 @@ class Settings:
             "(the Hugging Face Hub for a tokenizer by name)"
         ),
         "PATH",
+        group="server",
     )
     kv_check: str = setting(
         _one_of("warn", "fail"),
@@ -427,8 +533,9 @@ class Settings:
             "the results) or fail (the affected runs fail before measuring)"
         ),
         "warn|fail",
+        group="server",
     )
-    host: str = setting(_str, "127.0.0.1", "Address the launched servers bind to", "ADDR")
+    host: str = setting(_str, "127.0.0.1", "Address the launched servers bind to", "ADDR", group="server")
     connect_host: str = setting(
         _str,
         "",
@@ -437,19 +544,28 @@ class Settings:
             "or 127.0.0.1 when the servers bind every interface (0.0.0.0 or ::)"
         ),
         "ADDR",
+        group="server",
     )
     startup_timeout: float = setting(
-        _positive_float, 1800.0, "Seconds a server may take to become ready", "SECONDS", cpu=600.0
+        _positive_float, 1800.0, "Seconds a server may take to become ready", "SECONDS", cpu=600.0, group="server"
     )
     stop_timeout: float = setting(
-        _positive_float, 60.0, "Seconds between SIGTERM and SIGKILL when stopping a server", "SECONDS", cpu=20.0
+        _positive_float,
+        60.0,
+        "Seconds between SIGTERM and SIGKILL when stopping a server",
+        "SECONDS",
+        cpu=20.0,
+        group="server",
     )
-    bench_timeout: float = setting(_positive_float, 3600.0, "Seconds one benchmark run may take", "SECONDS", cpu=600.0)
+    bench_timeout: float = setting(
+        _positive_float, 3600.0, "Seconds one benchmark run may take", "SECONDS", cpu=600.0, group="server"
+    )
     results_dir: str = setting(
         _str,
         "apc-results",
         "Folder for this run's results (one subfolder per run: results.json, server logs, raw benchmark results)",
         "DIR",
+        brief="Folder of the results",
     )
     json: str = setting(
         _str,
@@ -459,6 +575,7 @@ class Settings:
             "the run's folder under --apc-results-dir"
         ),
         "PATH",
+        group="output",
     )
     markdown: str = setting(
         _str,
@@ -468,6 +585,7 @@ class Settings:
             "when that is set"
         ),
         "PATH",
+        group="output",
     )
     baseline: str = setting(
         _str,
@@ -479,6 +597,7 @@ class Settings:
             "whose cached tokens fell, fails the session"
         ),
         "PATH",
+        brief="An earlier results.json to gate this run against",
     )
     baseline_false_alarm: float = setting(
         _fraction,
@@ -488,6 +607,7 @@ class Settings:
             "the runs it compares)"
         ),
         "FRACTION",
+        group="thresholds",
     )
     baseline_repeats: int = setting(
         _positive_int,
@@ -497,32 +617,50 @@ class Settings:
             "and the fewest a baseline's runs must have"
         ),
         "N",
+        group="output",
     )
-    num_prompts: int = setting(_positive_int, 30, "Prompts per benchmark run", "N")
-    output_len: int = setting(_positive_int, 256, "Output tokens per request (before scaling)", "TOKENS")
-    concurrency: int = setting(_positive_int, 8, "Default --max-concurrency of the six cases", "N")
+    num_prompts: int = setting(_positive_int, 30, "Prompts per benchmark run", "N", group="workload")
+    output_len: int = setting(
+        _positive_int, 256, "Output tokens per request (before scaling)", "TOKENS", group="workload"
+    )
+    concurrency: int = setting(_positive_int, 8, "Default --max-concurrency of the six cases", "N", group="workload")
     sweep_concurrency: tuple[int, ...] = setting(
-        _int_list, (1, 2, 4, 8), "Concurrency levels of the sweep over cases C-F", "N,N,..."
+        _int_list, (1, 2, 4, 8), "Concurrency levels of the sweep over cases C-F", "N,N,...", group="workload"
     )
     sweep_cases: str = setting(
-        _cases, "CDEF", "Cases the concurrency sweep covers (a subset of CDEF, e.g. CD when GPU time is short)", "CASES"
+        _cases,
+        "CDEF",
+        "Cases the concurrency sweep covers (a subset of CDEF, e.g. CD when GPU time is short)",
+        "CASES",
+        group="workload",
     )
-    prefix_len: int = setting(_positive_int, 32768, "Shared prefix of the pure cases C/D (before scaling)", "TOKENS")
-    suffix_len: int = setting(_positive_int, 1024, "Unique suffix of the pure cases C/D (before scaling)", "TOKENS")
+    prefix_len: int = setting(
+        _positive_int, 32768, "Shared prefix of the pure cases C/D (before scaling)", "TOKENS", group="workload"
+    )
+    suffix_len: int = setting(
+        _positive_int, 1024, "Unique suffix of the pure cases C/D (before scaling)", "TOKENS", group="workload"
+    )
     rag_prefix_len: int = setting(
-        _positive_int, 32000, "Shared prefix of the agent/RAG cases E/F (before scaling)", "TOKENS"
+        _positive_int, 32000, "Shared prefix of the agent/RAG cases E/F (before scaling)", "TOKENS", group="workload"
     )
     input_len: int = setting(
-        _positive_int, 32768, "Unique input of the overhead cases A/B and the suffix of E/F (before scaling)", "TOKENS"
+        _positive_int,
+        32768,
+        "Unique input of the overhead cases A/B and the suffix of E/F (before scaling)",
+        "TOKENS",
+        group="workload",
     )
     length_scale: float = setting(
         _fraction,
         1.0,
-        "Factor applied to every length above (the CPU profile uses 1/16: 32768 -> 2048)",
+        "Factor applied to every workload length (the CPU profile uses 1/16: 32768 -> 2048)",
         "FACTOR",
         cpu=CPU_LENGTH_SCALE,
+        brief="Factor on every workload length",
     )
-    seed: int = setting(_non_negative_int, 0, "Seed of the benchmark's prompt generation (same for ON and OFF)", "N")
+    seed: int = setting(
+        _non_negative_int, 0, "Seed of the benchmark's prompt generation (same for ON and OFF)", "N", group="workload"
+    )
     max_model_len: int = setting(
         _non_negative_int,
         0,
@@ -531,17 +669,25 @@ class Settings:
             "room for the longest selected request and the chat template, within the model's own context"
         ),
         "TOKENS",
+        brief="Servers' context (0: what the selected runs need)",
     )
     repeats: int = setting(
         _positive_int,
         1,
-        "Cold runs per measurement; their per-request samples are pooled (with --apc-baseline: apc_baseline_repeats)",
+        "Cold runs per measurement; their per-request samples are pooled (with --apc-baseline: baseline_repeats)",
         "N",
+        brief="Cold repeats per run (with a baseline: baseline_repeats)",
     )
     confidence: float = setting(
-        _fraction, 0.95, "Confidence of the bootstrap intervals behind every timing verdict", "FRACTION"
+        _fraction,
+        0.95,
+        "Confidence of the bootstrap intervals behind every timing verdict",
+        "FRACTION",
+        group="thresholds",
     )
-    bootstrap_samples: int = setting(_positive_int, 2000, "Bootstrap resamples per interval (numpy, seeded)", "N")
+    bootstrap_samples: int = setting(
+        _positive_int, 2000, "Bootstrap resamples per interval (numpy, seeded)", "N", group="thresholds"
+    )
     overhead_tolerance: float = setting(
         _positive_float,
         0.10,
@@ -551,30 +697,33 @@ class Settings:
         ),
         "FRACTION",
         cpu=0.50,
+        group="thresholds",
     )
-    low_concurrency: int = setting(
-        _non_negative_int,
-        1,
+    low_concurrency: int | str = setting(
+        _levels_up_to,
+        cast("int | str", 1),
         (
             "Concurrency up to which E/F must show a significant TTFT gain (above it queueing dominates TTFT, so "
-            "the pair is held only to not being slower: median TTFT and duration within --apc-overhead-tolerance); "
-            "0: at no level. On the tiny CPU model attention, which APC saves less of, dominates E/F's prefill, "
-            "and its gain at concurrency 1 is within a 2-core machine's noise"
+            "the pair is held only to not being slower: median TTFT and duration within overhead_tolerance); "
+            "0: at no level; all: every level. On the tiny CPU model attention, which APC saves less of, "
+            "dominates E/F's prefill, and its gain at concurrency 1 is within a 2-core machine's noise"
         ),
-        "N",
-        cpu=0,
+        "N|all",
+        cpu=NO_LEVEL,
+        group="thresholds",
     )
-    pure_gain_concurrency: int = setting(
-        number(int, low=-1),
-        0,
+    pure_gain_concurrency: int | str = setting(
+        _levels_up_to,
+        cast("int | str", ALL_LEVELS),
         (
-            "Concurrency up to which C/D must show a significant median-TTFT gain (0: every level; -1: at no "
+            "Concurrency up to which C/D must show a significant median-TTFT gain (0: at no level; all: every "
             "level). Above it the pair is held to not being slower and the gain is reported. On a 2-core CPU the "
             "API server, which streams the tiny model's tokens, competes with the engine for the cores, so its "
             "TTFT is not prefill, even at concurrency 1"
         ),
-        "N",
-        cpu=-1,
+        "N|all",
+        cpu=NO_LEVEL,
+        group="thresholds",
     )
     min_bound_fraction: float = setting(
         _fraction_or_zero,
@@ -586,12 +735,14 @@ class Settings:
         ),
         "FRACTION",
         cpu=0.0,
+        group="thresholds",
     )
     hash_algos: tuple[str, ...] = setting(
         _hash_algos,
         (),
         "Prefix-caching hash algorithms to compare, one APC-on server each (default: only the server's default)",
         "ALGO,...",
+        brief="Hash algorithms to compare, e.g. sha256,xxhash",
     )
     # -- fleets: the R case (tests marked fleet) ------------------------------------------------------------
     replicas: int = setting(
@@ -636,7 +787,7 @@ class Settings:
     prefix_groups: int = setting(
         _positive_int,
         1,
-        "Fleet tests: distinct shared prefixes (G), --apc-num-prompts / G requests each; must divide the prompts",
+        "Fleet tests: distinct shared prefixes (G), num_prompts / G requests each; must divide the prompts",
         "G",
         family="fleet",
     )
@@ -649,6 +800,8 @@ class Settings:
         ),
         "URL",
         family="fleet",
+        group=MAIN,
+        brief="Fleet tests: a router or gateway run elsewhere",
     )
     metrics_url: tuple[str, ...] = setting(
         _url,
@@ -660,6 +813,8 @@ class Settings:
         "URL",
         repeatable=True,
         family="fleet",
+        group=MAIN,
+        brief="Fleet tests: a replica of --apc-fleet-url (each one)",
     )
     route_label: str = setting(
         _route_label,
@@ -694,6 +849,7 @@ class Settings:
         ),
         "PERCENT",
         family="fleet",
+        group="thresholds",
     )
 
     offload_groups: int = setting(
@@ -755,6 +911,7 @@ class Settings:
         ),
         "N",
         cpu=4,
+        group="thresholds",
     )
     answers_tokens: int = setting(
         _positive_int,
@@ -762,6 +919,7 @@ class Settings:
         "Answers: tokens each probed answer generates (a wrong cache shows within the first few)",
         "TOKENS",
         cpu=16,
+        group="thresholds",
     )
     answers_top_k: int = setting(
         number(int, low=1, high=20),
@@ -772,6 +930,7 @@ class Settings:
             "comparison stops at that token"
         ),
         "K",
+        group="thresholds",
     )
 
     multiturn_conversations: int = setting(
@@ -799,6 +958,7 @@ class Settings:
             "conversation starts with; scaled like the other lengths"
         ),
         "TOKENS",
+        group="workload",
     )
     multiturn_user_len: int = setting(
         _positive_int,
@@ -810,6 +970,7 @@ class Settings:
         ),
         "TOKENS",
         cpu=2048,
+        group="workload",
     )
     multiturn_reply_len: int = setting(
         _positive_int,
@@ -828,7 +989,7 @@ class Settings:
         (
             "Multiturn tests, the compaction run (M-c<N>-compact): after this many turns (K) a conversation's "
             "history is replaced by a short summary after the global prefix; its next turn hits the global "
-            "prefix only. Must be below apc_multiturn_turns"
+            "prefix only. Must be below multiturn_turns"
         ),
         "K",
         family="multiturn",
@@ -840,18 +1001,19 @@ class Settings:
         "TOKENS",
         family="multiturn",
     )
-    multiturn_gain_concurrency: int = setting(
-        _non_negative_int,
-        8,
+    multiturn_gain_concurrency: int | str = setting(
+        _levels_up_to,
+        cast("int | str", 8),
         (
             "Multiturn tests: concurrency up to which the late turns of M must get their first token "
             "significantly sooner than L's (above it they are held to not being slower, within "
-            "--apc-overhead-tolerance); 0: at no level. CPU profile: 0, as the scaled-down histories leave "
+            "overhead_tolerance); 0: at no level; all: every level. CPU profile: 0, as the scaled-down histories leave "
             "the tiny model so little prefill that a 2-core machine's noise covers what the cache saves"
         ),
-        "N",
-        cpu=0,
+        "N|all",
+        cpu=NO_LEVEL,
         family="multiturn",
+        group="thresholds",
     )
     multiturn_concurrency: tuple[int, ...] = setting(
         _int_list,
@@ -893,35 +1055,112 @@ SPECS: tuple[Spec, ...] = tuple(Spec(f.name, **f.metadata[_SPEC]) for f in field
 SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
 
 
-def add_options(parser: pytest.Parser) -> None:
-    """Declare every setting as an option and an ini key (no option defaults: None means not given)."""
-    group = parser.getgroup("apc", "vLLM automatic prefix caching validation (pytest-apc)")
+def add_options(parser: pytest.Parser, title: str) -> None:
+    """Declare the :data:`MAIN` settings as options and ini keys (no option defaults: None means not given),
+    ``--apc-set`` and ``apc_set`` for every other one, and each other one's old option, hidden, so that
+    :func:`resolve` can name its new spelling. ``title``: the option group's heading."""
+    group = parser.getgroup("apc", title)
     group.addoption(
-        "--gpu-node",
-        action="store_const",
-        const="gpu",
-        dest="apc_profile",
-        help="Launch vLLM GPU servers with the configured model (same as --apc-profile=gpu)",
+        "--gpu-node", action="store_const", const="gpu", dest="apc_profile", help="Same as --apc-profile=gpu"
     )
     group.addoption(
-        "--cpu-node",
-        action="store_const",
-        const="cpu",
-        dest="apc_profile",
-        help="Launch vLLM's CPU build with the generated tiny model, lengths scaled down (same as --apc-profile=cpu)",
+        "--cpu-node", action="store_const", const="cpu", dest="apc_profile", help="Same as --apc-profile=cpu"
     )
     for spec in SPECS:
-        help_text = f"{spec.described}. Env: {spec.env}; ini: {spec.ini}".replace("%", "%%")  # argparse formats %
+        if spec.advanced:  # renamed: given, it is refused with the new spelling
+            group.addoption(spec.option, action="append", dest=spec.ini, help=argparse.SUPPRESS)
+            continue
+        brief = spec.brief_described
+        help_text = brief.replace("%", "%%")  # argparse formats %
         if spec.repeatable:
             group.addoption(spec.option, action="append", dest=spec.ini, metavar=spec.metavar, help=help_text)
-            parser.addini(spec.ini, spec.described, type="args")
+            parser.addini(spec.ini, brief, type="args")
         else:
             group.addoption(spec.option, dest=spec.ini, metavar=spec.metavar, help=help_text)
-            parser.addini(spec.ini, spec.described, type="string", default="")
+            parser.addini(spec.ini, brief, type="string", default="")
+    group.addoption(
+        SET_OPTION,
+        action="append",
+        dest=SET_INI,
+        metavar="NAME=VALUE",
+        help="Any other setting (repeatable); pytest-apc settings lists them",
+    )
+    parser.addini(SET_INI, f"Other settings, NAME=VALUE per line ({SET_OPTION}; pytest-apc settings)", "linelist")
 
 
-def _raw(spec: Spec, config: pytest.Config, environ: dict[str, str]) -> tuple[Any, str] | None:
+def _ini_file(config: pytest.Config) -> dict[str, Any]:
+    """What the ini file sets, by key. pytest 9 keeps it privately (its ``inicfg`` is deprecated), 8 publicly."""
+    found = getattr(config, "_inicfg", None)
+    return dict(found if found is not None else getattr(config, "inicfg", {}))
+
+
+def renamed(config: pytest.Config, environ: Mapping[str, str]) -> str | None:
+    """The one-line message for a setting given by its name before the rename (option, environment
+    variable, ini key), with its new spelling; None when none is."""
+    ini = _ini_file(config)
+    for spec in SPECS:
+        if not spec.advanced:
+            continue
+        given = config.getoption(spec.ini, default=None)
+        if given:
+            return f"{spec.option} was renamed: use {SET_OPTION} {shlex.quote(f'{spec.name}={given[-1]}')}"
+        if environ.get(spec.env, "") != "":
+            value = shlex.quote(f"{spec.name}={environ[spec.env]}")
+            return f"{spec.env} was renamed: use {SET_ENV}={shlex.quote(value)}"
+        if spec.ini in ini:
+            value = getattr(ini[spec.ini], "value", ini[spec.ini])  # pytest 9 wraps it in a ConfigValue
+            value = " ".join(value) if isinstance(value, list) else value
+            return f"ini key {spec.ini} was renamed: use the line {spec.name}={value} in {SET_INI}"
+    return None
+
+
+def _pairs(items: Sequence[str], where: str) -> dict[str, list[str]]:
+    """NAME=VALUE items by setting name, each value as given (a repeatable setting's values in order)."""
+    found: dict[str, list[str]] = {}
+    for item in items:
+        name, equals, value = item.partition("=")
+        name = name.strip()
+        if not equals:
+            raise SettingError(f"{where}: {item!r} is not NAME=VALUE")
+        spec = SPEC_BY_NAME.get(name)
+        if spec is None or not spec.advanced:
+            names = [s.name for s in SPECS if s.advanced]
+            close = difflib.get_close_matches(name, names, n=3)
+            hint = f"; close: {', '.join(close)}" if close else "; pytest-apc settings lists them"
+            if spec is not None:
+                hint = f": it is an option of its own, {spec.option}"
+            raise SettingError(f"{where}: unknown setting {name!r}{hint}")
+        found.setdefault(name, []).append(value.strip())
+    return found
+
+
+def _given_by_name(config: pytest.Config, environ: Mapping[str, str]) -> list[tuple[dict[str, list[str]], str]]:
+    """The settings given by name, by precedence: option, environment, ini file; each with its source."""
+    try:
+        from_env = shlex.split(environ.get(SET_ENV, ""))
+    except ValueError as err:
+        raise SettingError(f"environment variable {SET_ENV}: not shell-quoted ({str(err).lower()})") from None
+    ini_lines = [line for line in config.getini(SET_INI) if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        (_pairs(config.getoption(SET_INI, default=None) or [], f"option {SET_OPTION}"), f"option {SET_OPTION}"),
+        (_pairs(from_env, f"environment variable {SET_ENV}"), f"environment variable {SET_ENV}"),
+        (_pairs(ini_lines, f"ini key {SET_INI}"), f"ini key {SET_INI}"),
+    ]
+
+
+def _raw(
+    spec: Spec, config: pytest.Config, environ: Mapping[str, str], by_name: list[tuple[dict[str, list[str]], str]]
+) -> tuple[Any, str] | None:
     """The value as given and where it came from, by precedence; None when nobody set it."""
+    if spec.advanced:
+        for given, where in by_name:
+            if spec.name in given:
+                values = given[spec.name]
+                if not spec.repeatable:
+                    return values[-1], where  # the last, as an option given twice
+                # an option's values one by one; environment or ini values are shell-quoted lines
+                return (values if where.startswith("option") else " ".join(values)), where
+        return None
     cli = config.getoption(spec.ini, default=None)
     if cli not in (None, []):
         return cli, f"option {spec.option}"
@@ -959,12 +1198,16 @@ def default_for(name: str, profile: str | None) -> Any:
 def resolve(config: pytest.Config, environ: dict[str, str] | None = None) -> Settings:
     """Resolve every setting with the one precedence, then apply cross-setting checks."""
     env = dict(os.environ if environ is None else environ)
+    message = renamed(config, env)
+    if message:
+        raise SettingError(message)
+    by_name = _given_by_name(config, env)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    profile_raw = _raw(SPEC_BY_NAME["profile"], config, env)
+    profile_raw = _raw(SPEC_BY_NAME["profile"], config, env, by_name)
     profile = _convert(SPEC_BY_NAME["profile"], *profile_raw) if profile_raw else None
     for spec in SPECS:
-        given = _raw(spec, config, env)
+        given = _raw(spec, config, env, by_name)
         if given is not None:
             values[spec.name] = _convert(spec, *given)
             sources[spec.name] = given[1]

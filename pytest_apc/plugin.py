@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import shlex
 import signal
+import textwrap
 import threading
 import warnings
 from collections.abc import Callable, Generator, Sequence
@@ -74,11 +75,11 @@ MARKERS = (
     "sweep: the concurrency sweep over cases C-F",
     f"apc_cases(cases, {', '.join(f'{name}=False' for name in APC_CASES_OPTIONS)}): parametrize apc_run / "
     f"apc_pair over these cases ({', '.join(CASE_APC)}; e.g. 'CD') at the default concurrency, over "
-    "--apc-sweep-concurrency (sweep), or per --apc-hash-algos; case R once per route (fleet: each "
-    "--apc-router-policies policy, dp with --apc-data-parallel-size, or --apc-fleet-url's --apc-route-label); "
-    "cases N/O over --apc-offload-concurrency (sequential: at concurrency 1 only); cases M/L over "
-    "--apc-multiturn-concurrency (compact: the compaction run, at the highest level; tiers: case M at concurrency "
-    "1 on a small GPU cache without and with a CPU offload tier)",
+    "--apc-set sweep_concurrency (sweep), or per --apc-hash-algos; case R once per route (fleet: each "
+    "--apc-set router_policies policy, dp with --apc-set data_parallel_size, or --apc-fleet-url's "
+    "--apc-set route_label); cases N/O over --apc-set offload_concurrency (sequential: at concurrency 1 only); "
+    "cases M/L over --apc-set multiturn_concurrency (compact: the compaction run, at the highest level; tiers: "
+    "case M at concurrency 1 on a small GPU cache without and with a CPU offload tier)",
     "hash_algo: the comparison of prefix-caching hash algorithms (--apc-hash-algos)",
     "fleet: case R on replicas behind a router (vllm-router policies, data parallel, an external fleet); "
     "not part of -m apc: select with -m fleet",
@@ -89,8 +90,28 @@ MARKERS = (
 )
 
 
+def _help_heading() -> str:
+    """The heading of the plugin's group in pytest --help: what to run, the markers (from :data:`MARKERS`),
+    where the other settings are. argparse prints a heading as it is, then ":"."""
+    markers = [line for line in MARKERS if not line.startswith(("apc:", "apc_cases("))]
+    own = [line.split(":")[0] for line in markers if "not part of -m apc" in line]
+    in_apc = [line.split(":")[0] for line in markers if "not part of -m apc" not in line]
+    words = (
+        f"markers (-m): apc ({', '.join(in_apc)}); {', '.join(own)} (not in apc). Every other setting: "
+        f"{apc_config.SET_OPTION} NAME=VALUE, listed by pytest-apc settings. Options"
+    )
+    return "\n".join([
+        "vLLM automatic prefix caching validation (pytest-apc), e.g.",
+        "  pytest-apc -m apc --cpu-node             vLLM's CPU build, a generated tiny model",
+        "  pytest-apc -m apc --gpu-node --apc-model PATH",
+        '  pytest-apc -m "pure or rag" --gpu-node --apc-baseline OLD/results.json',
+        f"  pytest-apc -m fleet --gpu-node {apc_config.SET_OPTION} replicas=4",
+        *textwrap.wrap(words, width=78, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False),
+    ])  # fmt: skip
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    apc_config.add_options(parser)
+    apc_config.add_options(parser, _help_heading())
 
 
 def _is_worker(config: pytest.Config) -> bool:

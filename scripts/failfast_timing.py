@@ -39,7 +39,7 @@ SCENARIOS = {
     "incomplete-metrics": (["--fake-no-cache-config"], [], '"GET /health HTTP/1.1" 200'),
     "engine-death-mid-run": (
         ["--fake-fatal-after-requests", "2"],
-        ["--apc-num-prompts=30", "--apc-bench-timeout=3600"],
+        ["--apc-set=num_prompts=30", "--apc-set=bench_timeout=3600"],
         "EngineCore encountered a fatal error",
     ),
 }
@@ -66,8 +66,8 @@ def run_once(name: str) -> float:
         root = Path(tmp)
         (root / "test_suite.py").write_text(SUITE)
         argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_suite.py", "--cpu-node",
-                f"--apc-server-command={{python}} {FAKE}", "--apc-length-scale=0.01", "--apc-num-prompts=4",
-                "--apc-startup-timeout=600", "--apc-stop-timeout=3", *extra,
+                f"--apc-set=server_command={{python}} {FAKE}", "--apc-length-scale=0.01", "--apc-set=num_prompts=4",
+                "--apc-set=startup_timeout=600", "--apc-set=stop_timeout=3", *extra,
                 *(f"--apc-server-arg={s}" for s in switches)]  # fmt: skip
         proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         seen: float | None = None

@@ -80,7 +80,7 @@ Fault switches:
                                 with one log each (server-<mode>-r<N>.log), so
                                 --fake-if-log='-r2.log --fake-crash-on-start' breaks replica 2 alone
 
-As a stand-in for vllm-router (--apc-router-command) it takes the router's flags (--worker-urls ...,
+As a stand-in for vllm-router (--apc-set router_command) it takes the router's flags (--worker-urls ...,
 --policy, --prometheus-port), answers /health, and breaks with the same switches.
 
 Without --fake-ignore-sigterm, SIGTERM prints "fake vLLM shutting down" and exits 0. The children are

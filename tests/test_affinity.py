@@ -168,10 +168,10 @@ def test_case_m_behind_the_router_runs_once_per_policy_at_the_highest_level() ->
     assert {RunKey.parse(p.run_id).mode for p in params} == {RunKey("R", 8, route="round_robin").mode}
     (none,) = parametrization("M", {"fleet": True}, default_settings(router_policies=()))
     assert none.skip is not None
-    assert "--apc-router-policies" in none.skip
+    assert "--apc-set router_policies" in none.skip
     # A router policy given explicitly is used by case M behind the router alone: no "unused" message.
     given = default_settings(router_policies=("consistent_hash",))
-    given.sources["router_policies"] = "option --apc-router-policies"
+    given.sources["router_policies"] = "option --apc-set"
     use = TestUse((RunKey("M", 8, route="consistent_hash"),), markers=frozenset({"fleet"}))
     assert unused_settings(given, [use], [], [], "-m fleet", ["fleet", "multiturn"]) == []
 

@@ -503,7 +503,7 @@ def test_the_console_scripts_help_names_its_forms_then_pytests() -> None:
     result = _console("--help")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: pytest-apc [PYTEST ARGS]\n")
-    assert "pytest-apc {report,compare,calibrate} ..." in result.stdout
+    assert "pytest-apc {report,compare,calibrate,settings} ..." in result.stdout
     assert "--apc-baseline=PATH" in result.stdout  # pytest's help, with the plugin's options
 
 
@@ -545,10 +545,10 @@ def _cpu_baseline(folder: Path) -> str:
 EXIT_TABLE: list[tuple[str, str, str, Any, int]] = [
     ("pytest", "passed", PASSING, lambda f: ["--cpu-node", "-p", "no:cacheprovider"], 0),
     ("pytest", "a verdict failed", FAILED_VERDICT, lambda f: ["--cpu-node"], 1),
-    ("pytest", "bad usage", PASSING, lambda f: ["--apc-num-prompts=-3"], 4),
+    ("pytest", "bad usage", PASSING, lambda f: ["--apc-set=num_prompts=-3"], 4),
     ("pytest", "no baseline file, no profile", PASSING, lambda f: [f"--apc-baseline={f / 'missing.json'}", "--co"], 4),
     ("pytest", "baseline of too few repeats", APC_TEST,
-     lambda f: ["--cpu-node", f"--apc-baseline={_cpu_baseline(f)}", "--apc-baseline-repeats=6"], 4),
+     lambda f: ["--cpu-node", f"--apc-baseline={_cpu_baseline(f)}", "--apc-set=baseline_repeats=6"], 4),
     ("pytest", "no APC test here", "", lambda f: ["-m", "apc", "--cpu-node"], 5),
     ("report", "passed", "", lambda f: [str(SAME[0])], 0),
     ("report", "a row says FAIL", "", lambda f: [_failed_row(f)], 1),
@@ -597,7 +597,7 @@ def test_the_readme_says_how_to_measure_a_baseline_as_the_refusal_does(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """A default run (one cold repeat) is refused as a baseline: the refusal and the README name the same
-    option and number, the default of --apc-baseline-repeats; judging single repeats takes a default run."""
+    option and number, the default of --apc-set baseline_repeats; judging single repeats takes a default run."""
     from pytest_apc.config import SPEC_BY_NAME
 
     needed = SPEC_BY_NAME["baseline_repeats"].default
@@ -611,5 +611,5 @@ def test_the_readme_says_how_to_measure_a_baseline_as_the_refusal_does(
     status, lines, _ = _cli(capsys, "compare", "--repeats", str(needed), str(old), str(new))
     assert status == 4
     assert any(line.endswith(f"(measure the baseline with --apc-repeats {needed})") for line in lines)
-    assert "`--apc-baseline-repeats 1`" in readme
+    assert "`--apc-set baseline_repeats=1`" in readme
     assert _cli(capsys, "compare", "--repeats", "1", str(old), str(new))[0] == 0

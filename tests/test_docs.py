@@ -896,7 +896,7 @@ def test_results_page_quotes_the_cpu_gate_runs_c_d_gain_range() -> None:
 
 
 def test_h200_page_and_the_option_state_the_fraction_of_the_bound_as_the_verdict_computes_it() -> None:
-    """--apc-min-bound-fraction holds a gain g to (g - 1) / (b - 1) of its bound b; the H200 page and the
+    """--apc-set min_bound_fraction holds a gain g to (g - 1) / (b - 1) of its bound b; the H200 page and the
     option's help quote that fraction of the full run's C/D rows."""
     from pytest_apc.config import SPEC_BY_NAME
 
@@ -1095,10 +1095,11 @@ def test_the_schema_version_the_docs_name_is_the_one_written() -> None:
     )
 
 
-# "`--apc-X` (default V", "`--apc-X`, default V", "`--apc-X` cold repeats (default V": the default a page states
+# "`--apc-X` (default V", "`--apc-X`, default V", "`--apc-X` cold repeats (default V", "`--apc-set x` (default V":
+# the default a page states
 # (V up to the end of its clause; a list in backticks whole).
 STATED_DEFAULT = re.compile(
-    r"`(--apc-[a-z-]+)[^`]*`(?: [a-z]+){0,4},? \(?default:? ((?:`[^`]*`|[^);:.,`]|\.(?=\d)|, (?=`))+)"
+    r"`(--apc-set [a-z_]+|--apc-[a-z-]+)[^`]*`(?: [a-z]+){0,4},? \(?default:? ((?:`[^`]*`|[^);:.,`]|\.(?=\d)|, (?=`))+)"
 )
 
 
@@ -1116,7 +1117,7 @@ def _stated_words(text: str) -> set[str]:
 def test_defaults_stated_in_the_docs_are_the_options_defaults() -> None:
     from pytest_apc.config import PROFILES, SPEC_BY_NAME, default_for
 
-    by_option = {spec.option: name for name, spec in SPEC_BY_NAME.items()}
+    by_option = {spec.label: name for name, spec in SPEC_BY_NAME.items()}
     stated = 0
     for page in [REPO / "README.md", *DOCS.glob("*.md")]:
         for option, text in STATED_DEFAULT.findall(_flat(page.read_text())):

@@ -182,7 +182,7 @@ def test_a_rerun_of_the_same_build_passes_its_baseline(pure_baseline, tmp_path) 
     from tests.conftest import InnerRun
 
     args = [str(TESTS_APC), "-m", "pure and not sweep", "--cpu-node", f"--apc-results-dir={tmp_path}/apc-results",
-            f"--apc-baseline={pure_baseline}", "--apc-baseline-false-alarm=0.001"]  # fmt: skip
+            f"--apc-baseline={pure_baseline}", "--apc-set=baseline_false_alarm=0.001"]  # fmt: skip
     inner = InnerRun(args, tmp_path, timeout=900).wait()
     assert inner.ret == 0, inner.output[-5000:]
     data = results(tmp_path)
@@ -291,7 +291,7 @@ def test_hash_algorithms_cache_the_same_blocks(tmp_path) -> None:
 
     algos = ("sha256_cbor", "xxhash", "xxhash_cbor")
     args = [str(TESTS_APC), "-m", "hash_algo", "--cpu-node", f"--apc-hash-algos={','.join(algos)}",
-            "--apc-concurrency=1", "--apc-overhead-tolerance=9.0",
+            "--apc-set=concurrency=1", "--apc-set=overhead_tolerance=9.0",
             f"--apc-results-dir={tmp_path}/apc-results"]  # fmt: skip
     inner = InnerRun(args, tmp_path, timeout=1200).wait()
     assert inner.ret == 0, inner.output[-5000:]

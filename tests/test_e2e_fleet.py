@@ -25,8 +25,8 @@ def fleet_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e-fleet")
     args = [
         str(TESTS_APC), "-m", "fleet", "--cpu-node", "-v", "-rA", f"--apc-results-dir={root}/apc-results",
-        "--apc-router-policies=round_robin,consistent_hash", "--apc-data-parallel-size=2",
-        "--apc-multiturn-conversations=4", "--apc-multiturn-turns=3", "--apc-multiturn-compact-after=2",
+        "--apc-set=router_policies=round_robin,consistent_hash", "--apc-set=data_parallel_size=2",
+        "--apc-set=multiturn_conversations=4", "--apc-set=multiturn_turns=3", "--apc-set=multiturn_compact_after=2",
     ]  # fmt: skip
     inner = InnerRun(args, root, timeout=1200).wait()
     yield inner, results(root)

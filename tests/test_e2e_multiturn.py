@@ -15,7 +15,7 @@ from tests.conftest import TESTS_APC, InnerRun
 
 pytestmark = pytest.mark.e2e
 
-SMALL = ["--apc-multiturn-conversations=4", "--apc-multiturn-turns=3", "--apc-multiturn-compact-after=2"]
+SMALL = ["--apc-set=multiturn_conversations=4", "--apc-set=multiturn_turns=3", "--apc-set=multiturn_compact_after=2"]
 
 
 def results(root: Path) -> dict:

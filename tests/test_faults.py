@@ -33,11 +33,11 @@ def test_off(apc_run, apc_assert):
 def fake_args(*fake_flags: str) -> list[str]:
     args = [
         "--cpu-node",
-        f"--apc-server-command={{python}} {FAKE_VLLM}",
-        "--apc-num-prompts=4",
+        f"--apc-set=server_command={{python}} {FAKE_VLLM}",
+        "--apc-set=num_prompts=4",
         "--apc-length-scale=0.01",
-        "--apc-startup-timeout=20",
-        "--apc-stop-timeout=3",
+        "--apc-set=startup_timeout=20",
+        "--apc-set=stop_timeout=3",
         "-p",
         "no:randomly",
     ]
@@ -77,7 +77,7 @@ def test_crash_on_start_fails_fast_with_log_tail_and_command(suite, run_inner) -
 
 
 def test_never_ready_times_out_and_is_killed(suite, run_inner) -> None:
-    inner = run_inner(*fake_args("--fake-never-ready"), "--apc-startup-timeout=4")
+    inner = run_inner(*fake_args("--fake-never-ready"), "--apc-set=startup_timeout=4")
     assert inner.ret == 1
     assert "was not ready after 4 s (still waiting for /health to return 200)" in inner.output
 
@@ -148,7 +148,7 @@ def test_missing_prefix_metrics_fail_the_server_at_once(suite, run_inner) -> Non
     """A server whose /metrics lacks the prefix-cache counters would never let a run be verified: it fails
     as soon as it answers, not after its runs (or the startup timeout)."""
     started = time.monotonic()
-    inner = run_inner(*fake_args("--fake-no-prefix-metrics"), "--apc-startup-timeout=300", "-rA")
+    inner = run_inner(*fake_args("--fake-no-prefix-metrics"), "--apc-set=startup_timeout=300", "-rA")
     assert inner.ret == 1
     assert time.monotonic() - started < 120
     assert "apc-off server answers but its /metrics has no prefix_cache_queries, prefix_cache_hits counter" in (
@@ -174,7 +174,7 @@ def test_a_server_restarted_mid_run_is_named_not_counted(suite, run_inner) -> No
 
 def test_missing_cache_config_fails_the_server_at_once(suite, run_inner) -> None:
     started = time.monotonic()
-    inner = run_inner(*fake_args("--fake-no-cache-config"), "--apc-startup-timeout=300")
+    inner = run_inner(*fake_args("--fake-no-cache-config"), "--apc-set=startup_timeout=300")
     assert inner.ret == 1
     assert time.monotonic() - started < 120
     assert "server answers but its /metrics has no vllm:cache_config_info" in inner.output
@@ -183,7 +183,7 @@ def test_missing_cache_config_fails_the_server_at_once(suite, run_inner) -> None
 
 def test_a_server_that_serves_another_model_fails_at_once(suite, run_inner) -> None:
     started = time.monotonic()
-    inner = run_inner(*fake_args("--served-model-name", "other-model"), "--apc-startup-timeout=300")
+    inner = run_inner(*fake_args("--served-model-name", "other-model"), "--apc-set=startup_timeout=300")
     assert inner.ret == 1
     assert time.monotonic() - started < 120
     assert "server answers but serves ['other-model'], not 'apc-model'" in inner.output
@@ -192,7 +192,7 @@ def test_a_server_that_serves_another_model_fails_at_once(suite, run_inner) -> N
 def test_fatal_log_line_while_starting_fails_in_seconds_with_the_first_error(suite, run_inner) -> None:
     """The API process lives on while its worker crashed: the log says so, and the plugin stops waiting."""
     started = time.monotonic()
-    inner = run_inner(*fake_args("--fake-fatal-on-start"), "--apc-startup-timeout=300")
+    inner = run_inner(*fake_args("--fake-fatal-on-start"), "--apc-set=startup_timeout=300")
     assert inner.ret == 1
     assert time.monotonic() - started < 120  # not the 300 s startup timeout
     assert "server will not become ready: its log shows a fatal error: " in inner.output
@@ -208,7 +208,7 @@ def test_fatal_log_line_while_starting_fails_in_seconds_with_the_first_error(sui
 def test_engine_process_exit_while_starting_fails_in_seconds(suite, run_inner) -> None:
     started = time.monotonic()
     inner = run_inner(
-        *fake_args("--fake-engine-exit-after", "1", "--fake-startup-delay", "600"), "--apc-startup-timeout=300"
+        *fake_args("--fake-engine-exit-after", "1", "--fake-startup-delay", "600"), "--apc-set=startup_timeout=300"
     )
     assert inner.ret == 1
     assert time.monotonic() - started < 120
@@ -218,10 +218,12 @@ def test_engine_process_exit_while_starting_fails_in_seconds(suite, run_inner) -
 
 def test_engine_death_mid_run_stops_the_benchmark_in_seconds(suite, run_inner) -> None:
     """The engine dies during a benchmark but the API process answers /health: its log tells, the
-    benchmark is stopped at once (not after --apc-bench-timeout) and the runs after it error naming it."""
+    benchmark is stopped at once (not after --apc-set bench_timeout) and the runs after it error naming it."""
     started = time.monotonic()
     # 30 prompts at concurrency 8: after 2 answers the rest hang, as requests to a dead engine do.
-    inner = run_inner(*fake_args("--fake-fatal-after-requests", "2"), "--apc-num-prompts=30", "--apc-bench-timeout=600")
+    inner = run_inner(
+        *fake_args("--fake-fatal-after-requests", "2"), "--apc-set=num_prompts=30", "--apc-set=bench_timeout=600"
+    )
     assert inner.ret == 1
     assert time.monotonic() - started < 150
     assert "benchmark stopped after" in inner.output
@@ -233,7 +235,9 @@ def test_engine_death_mid_run_stops_the_benchmark_in_seconds(suite, run_inner) -
 def test_hung_server_mid_run_stops_the_benchmark(suite, run_inner) -> None:
     """Everything hangs, /health too: after the health grace period the benchmark is stopped."""
     started = time.monotonic()
-    inner = run_inner(*fake_args("--fake-hang-after-requests", "2"), "--apc-num-prompts=30", "--apc-bench-timeout=600")
+    inner = run_inner(
+        *fake_args("--fake-hang-after-requests", "2"), "--apc-set=num_prompts=30", "--apc-set=bench_timeout=600"
+    )
     assert inner.ret == 1
     assert time.monotonic() - started < 200
     assert "has not answered /health with 200 for 3" in inner.output
@@ -257,7 +261,7 @@ def test_an_offload_tier_is_reset_too(tmp_path, run_inner) -> None:
     (tmp_path / "test_one.py").write_text(
         "import pytest\n\n@pytest.mark.apc_cases('D', sweep=True)\ndef test_one(apc_run):\n    assert apc_run.repeats\n"
     )
-    inner = run_inner(*fake_args("--fake-external-tier"), "--apc-sweep-concurrency=1,2")
+    inner = run_inner(*fake_args("--fake-external-tier"), "--apc-set=sweep_concurrency=1,2")
     assert inner.ret == 0, inner.output
     runs = json.loads(next(tmp_path.glob("apc-results/*/results.json")).read_text())["runs"]
     reset = "POST /reset_prefix_cache?reset_external=true -> HTTP 200 {'success': True}"
@@ -292,7 +296,7 @@ def test_interrupted_pytest_leaves_nothing(suite, run_inner, sig, phase, extra) 
         # A background job of a non-interactive shell (`cmd &`) ignores SIGINT, and so does every process it
         # starts, the inner pytest included: a Ctrl-C cannot reach it from here.
         pytest.skip(f"{signal.Signals(sig).name} is ignored by this process (a background job?)")
-    inner = run_inner(*fake_args(*extra), "--apc-output-len=3000000", "--apc-startup-timeout=300", wait=False)
+    inner = run_inner(*fake_args(*extra), "--apc-set=output_len=3000000", "--apc-set=startup_timeout=300", wait=False)
     marker = "apc-results/*/server-*.log" if phase == "startup" else "apc-results/*/bench/*.log"
     inner.wait_for(suite, marker, f"the {phase} phase")
     time.sleep(1.5)
@@ -304,7 +308,7 @@ def test_interrupted_pytest_leaves_nothing(suite, run_inner, sig, phase, extra) 
 
 def test_a_flag_the_server_does_not_know_fails_at_once_with_its_complaint(suite, run_inner) -> None:
     started = time.monotonic()
-    inner = run_inner(*fake_args("--fake-refuse=--no-such-flag", "--no-such-flag"), "--apc-startup-timeout=300")
+    inner = run_inner(*fake_args("--fake-refuse=--no-such-flag", "--no-such-flag"), "--apc-set=startup_timeout=300")
     assert inner.ret == 1
     assert time.monotonic() - started < 60
     assert "server exited with code 2 while starting" in inner.output
@@ -397,7 +401,7 @@ def test_external_servers_are_validated_and_never_stopped(suite, run_inner) -> N
 
 
 def test_external_servers_serve_the_name_they_list_when_none_is_given(suite, run_inner) -> None:
-    """No --apc-served-model-name: the benchmark requests what the servers' /v1/models lists (the fake
+    """No --apc-set served_model_name: the benchmark requests what the servers' /v1/models lists (the fake
     answers 404 to any other name, so a run that passes requested it)."""
     on, on_url = _start_fake(suite, "--enable-prefix-caching", "--served-model-name", "llama-8b")
     off, off_url = _start_fake(suite, "--no-enable-prefix-caching", "--served-model-name", "llama-8b")
@@ -447,7 +451,8 @@ def test_external_server_without_the_named_model_fails_in_seconds_naming_what_it
     try:
         started = time.monotonic()
         inner = run_inner(
-            *fake_args(), f"--apc-url-on={on_url}", "--apc-served-model-name=llama-70b", "--apc-startup-timeout=1800",
+            *fake_args(), f"--apc-url-on={on_url}", "--apc-set=served_model_name=llama-70b",
+            "--apc-set=startup_timeout=1800",
         )  # fmt: skip
         assert time.monotonic() - started < 30
         assert inner.ret == 1
@@ -462,7 +467,7 @@ def test_external_server_with_a_short_context_fails_in_seconds_with_both_numbers
     on, on_url = _start_fake(suite, "--enable-prefix-caching", "--max-model-len", "500")
     try:
         started = time.monotonic()
-        inner = run_inner(*fake_args(), f"--apc-url-on={on_url}", "--apc-startup-timeout=1800")
+        inner = run_inner(*fake_args(), f"--apc-url-on={on_url}", "--apc-set=startup_timeout=1800")
         assert time.monotonic() - started < 30
         assert inner.ret == 1
         assert (
@@ -481,7 +486,7 @@ def test_external_server_url_where_nothing_listens_fails_in_seconds(tmp_path, ru
     only_d(tmp_path)
     dead = _free_url()
     started = time.monotonic()
-    inner = run_inner(*fake_args(), f"--apc-url-on={dead}", "--apc-startup-timeout=1800")
+    inner = run_inner(*fake_args(), f"--apc-url-on={dead}", "--apc-set=startup_timeout=1800")
     assert time.monotonic() - started < 30
     assert inner.ret == 1
     assert (
@@ -491,7 +496,7 @@ def test_external_server_url_where_nothing_listens_fails_in_seconds(tmp_path, ru
 
 
 def test_external_server_with_a_private_ca_needs_the_ca_bundle(tmp_path, run_inner) -> None:
-    """An https server whose certificate no public CA signed: without --apc-ca-bundle it fails in seconds
+    """An https server whose certificate no public CA signed: without --apc-set ca_bundle it fails in seconds
     naming TLS and the option; with it the plugin's requests and the benchmark's (aiohttp, through
     SSL_CERT_FILE) both verify it, and the run passes."""
     import shutil
@@ -510,12 +515,14 @@ def test_external_server_with_a_private_ca_needs_the_ca_bundle(tmp_path, run_inn
     try:
         assert on_url.startswith("https://")
         started = time.monotonic()
-        refused = run_inner(*fake_args(), f"--apc-url-on={on_url}", "--apc-startup-timeout=1800")
+        refused = run_inner(*fake_args(), f"--apc-url-on={on_url}", "--apc-set=startup_timeout=1800")
         assert time.monotonic() - started < 30
         assert refused.ret == 1
         assert f"does not answer: GET {on_url}/health: TLS failed (" in refused.output
-        assert "a private CA needs --apc-ca-bundle" in refused.output
-        verified = run_inner(*fake_args(), f"--apc-url-on={on_url}", f"--apc-ca-bundle={cert}", "--apc-results-dir=ok")
+        assert "a private CA needs --apc-set ca_bundle" in refused.output
+        verified = run_inner(
+            *fake_args(), f"--apc-url-on={on_url}", f"--apc-set=ca_bundle={cert}", "--apc-results-dir=ok"
+        )
         assert verified.ret == 0, verified.output[-3000:]
     finally:
         on.kill()
@@ -573,7 +580,7 @@ def test_unknown_case_is_a_collection_error(tmp_path, run_inner) -> None:
 def test_killed_xdist_worker_leaves_nothing(suite, run_inner) -> None:
     import psutil
 
-    inner = run_inner(*fake_args("--fake-children", "2"), "-n", "2", "--apc-output-len=3000000", wait=False)
+    inner = run_inner(*fake_args("--fake-children", "2"), "-n", "2", "--apc-set=output_len=3000000", wait=False)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list(suite.glob("apc-results/*/bench/*.log")):
         time.sleep(0.2)
@@ -598,7 +605,7 @@ def test_benchmark_exception_is_a_failure_with_its_traceback(suite, run_inner) -
 
 def test_finished_runs_are_on_disk_when_a_later_one_fails(tmp_path, run_inner) -> None:
     (tmp_path / "test_sweep.py").write_text(SUITE.replace('apc_cases("C")', 'apc_cases("C", sweep=True)'))
-    inner = run_inner(*fake_args("--fake-die-after-requests", "5"), "--apc-sweep-concurrency=1,2", "-k", "test_off")
+    inner = run_inner(*fake_args("--fake-die-after-requests", "5"), "--apc-set=sweep_concurrency=1,2", "-k", "test_off")
     assert inner.ret == 1
     data = json.loads(next(tmp_path.glob("apc-results/*/results.json")).read_text())
     assert [r["id"] for r in data["runs"]] == ["C-c1"]

@@ -181,7 +181,7 @@ def test_fleet_run_ids_round_trip(text: str) -> None:
 
 
 def test_an_external_fleets_label_is_its_route_and_its_run_id() -> None:
-    """Any route that is neither a router policy nor dp is an external fleet's --apc-route-label."""
+    """Any route that is neither a router policy nor dp is an external fleet's --apc-set route_label."""
     key = RunKey.parse("R-c8-gke_gateway_2")
     assert (key.route, key.id) == ("gke_gateway_2", "R-c8-gke_gateway_2")
     assert key.mode == ServerMode(True, "", "external") == RunKey("R", 8, route=EXTERNAL_FLEET).mode
@@ -215,7 +215,7 @@ def resolve(pytester: pytest.Pytester, *args: str, env: dict[str, str] | None = 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--apc-prefix-groups=4"], "Invalid apc_prefix_groups 4 from option --apc-prefix-groups: it must divide "
+        (["--apc-set=prefix_groups=4"], "Invalid apc_prefix_groups 4 from option --apc-set: it must divide "
                                     "apc_num_prompts 30 (equal groups)"),
         (["--apc-fleet-url=http://gw:8000"], "Invalid apc_fleet_url 'http://gw:8000' from option --apc-fleet-url: "
                                              "a fleet needs the base URL of each of its replicas"),
@@ -223,12 +223,12 @@ def resolve(pytester: pytest.Pytester, *args: str, env: dict[str, str] | None = 
         (["--apc-metrics-url=http://r1:8000", "--apc-metrics-url=http://r2:8000"],
          "Invalid apc_metrics_url ('http://r1:8000', 'http://r2:8000') from option --apc-metrics-url: replica URLs "
          "are only read for a fleet given by --apc-fleet-url"),
-        (["--apc-data-parallel-size=1"], "Invalid apc_data_parallel_size 1 from option --apc-data-parallel-size: "
+        (["--apc-set=data_parallel_size=1"], "Invalid apc_data_parallel_size 1 from option --apc-set: "
                                          "one rank is not data parallel"),
-        (["--apc-router-policies=round_robin,fastest"], "Invalid apc_router_policies 'round_robin,fastest' from "
-                                                        "option --apc-router-policies: unknown vllm-router policy "
+        (["--apc-set=router_policies=round_robin,fastest"], "Invalid apc_router_policies 'round_robin,fastest' from "
+                                                        "option --apc-set: unknown vllm-router policy "
                                                         "'fastest'"),
-        (["--apc-replicas=1"], "Invalid apc_replicas '1' from option --apc-replicas: must be >= 2"),
+        (["--apc-set=replicas=1"], "Invalid apc_replicas '1' from option --apc-set: must be >= 2"),
         (["--apc-fleet-url=gw:8000"], "Invalid apc_fleet_url 'gw:8000' from option --apc-fleet-url: must start"),
     ],
 )  # fmt: skip
@@ -242,29 +242,29 @@ def test_fleet_settings_are_one_line_usage_errors(pytester: pytest.Pytester, arg
 
 
 def test_prefix_groups_from_the_environment_name_it(pytester: pytest.Pytester) -> None:
-    with pytest.raises(config.SettingError, match="from environment variable PYTEST_APC_PREFIX_GROUPS: it must divide"):
-        resolve(pytester, env={"PYTEST_APC_PREFIX_GROUPS": "7"})
-    assert resolve(pytester, "--apc-num-prompts=28", env={"PYTEST_APC_PREFIX_GROUPS": "7"}).prefix_groups == 7
+    with pytest.raises(config.SettingError, match="from environment variable PYTEST_APC_SET: it must divide"):
+        resolve(pytester, env={"PYTEST_APC_SET": "prefix_groups=7"})
+    assert resolve(pytester, "--apc-set=num_prompts=28", env={"PYTEST_APC_SET": "prefix_groups=7"}).prefix_groups == 7
 
 
 def test_fleet_routes(pytester: pytest.Pytester) -> None:
     assert fleet_routes(resolve(pytester)) == ("round_robin", "consistent_hash")
-    assert fleet_routes(resolve(pytester, "--apc-data-parallel-size=2")) == (
+    assert fleet_routes(resolve(pytester, "--apc-set=data_parallel_size=2")) == (
         "round_robin", "consistent_hash", DATA_PARALLEL,
     )  # fmt: skip
-    assert fleet_routes(resolve(pytester, "--apc-router-policies=cache_aware,round_robin,cache_aware")) == (
+    assert fleet_routes(resolve(pytester, "--apc-set=router_policies=cache_aware,round_robin,cache_aware")) == (
         "cache_aware", "round_robin",
     )  # fmt: skip
-    assert fleet_routes(resolve(pytester, "--apc-router-policies=")) == ()
-    assert fleet_routes(resolve(pytester, "--apc-router-policies=", "--apc-data-parallel-size=4")) == ("dp",)
+    assert fleet_routes(resolve(pytester, "--apc-set=router_policies=")) == ()
+    assert fleet_routes(resolve(pytester, "--apc-set=router_policies=", "--apc-set=data_parallel_size=4")) == ("dp",)
     external = resolve(
         pytester, "--apc-fleet-url=http://gw", "--apc-metrics-url=http://r1", "--apc-metrics-url=http://r2",
-        "--apc-data-parallel-size=2",
+        "--apc-set=data_parallel_size=2",
     )  # fmt: skip
     assert fleet_routes(external) == (EXTERNAL_FLEET,)
     labelled = resolve(
         pytester, "--apc-fleet-url=http://gw", "--apc-metrics-url=http://r1", "--apc-metrics-url=http://r2",
-        "--apc-route-label=llm_d",
+        "--apc-set=route_label=llm_d",
     )  # fmt: skip
     assert fleet_routes(labelled) == ("llm_d",)
 
@@ -284,11 +284,11 @@ EXTERNAL = ("--apc-fleet-url=http://gw", "--apc-metrics-url=http://r1", "--apc-m
 )
 def test_a_route_label_must_be_a_run_id_word_of_its_own(pytester: pytest.Pytester, label: str, why: str) -> None:
     with pytest.raises(config.SettingError, match=re.escape(f"Invalid apc_route_label {label!r} from option")) as err:
-        resolve(pytester, *EXTERNAL, f"--apc-route-label={label}")
+        resolve(pytester, *EXTERNAL, f"--apc-set=route_label={label}")
     assert why in str(err.value)
 
 
-@pytest.mark.parametrize("given", ["--apc-route-label=gw", "--apc-fleet-promise=affinity"])
+@pytest.mark.parametrize("given", ["--apc-set=route_label=gw", "--apc-set=fleet_promise=affinity"])
 def test_the_external_fleets_label_and_promise_need_an_external_fleet(pytester: pytest.Pytester, given: str) -> None:
     with pytest.raises(config.SettingError, match="--apc-fleet-url"):
         resolve(pytester, given)
@@ -297,13 +297,13 @@ def test_the_external_fleets_label_and_promise_need_an_external_fleet(pytester: 
 
 def test_the_routing_cost_bound_is_a_percentage(pytester: pytest.Pytester) -> None:
     assert resolve(pytester).max_routing_cost is None
-    assert resolve(pytester, "--apc-max-routing-cost=12.5").max_routing_cost == 12.5
-    assert resolve(pytester, env={"PYTEST_APC_MAX_ROUTING_COST": "0"}).max_routing_cost == 0
+    assert resolve(pytester, "--apc-set=max_routing_cost=12.5").max_routing_cost == 12.5
+    assert resolve(pytester, env={"PYTEST_APC_SET": "max_routing_cost=0"}).max_routing_cost == 0
     for wrong in ("101", "-1", "nan", "5%"):
         with pytest.raises(config.SettingError, match="Invalid apc_max_routing_cost"):
-            resolve(pytester, f"--apc-max-routing-cost={wrong}")
+            resolve(pytester, f"--apc-set=max_routing_cost={wrong}")
     with pytest.raises(config.SettingError, match="must be spread or affinity or none"):
-        resolve(pytester, *EXTERNAL, "--apc-fleet-promise=sticky")
+        resolve(pytester, *EXTERNAL, "--apc-set=fleet_promise=sticky")
 
 
 FLEET_SUITE = """
@@ -325,7 +325,9 @@ def test_single(apc_run):
 def test_fleet_tests_are_parametrized_by_route_and_kept_out_of_apc(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_fleet=FLEET_SUITE.replace("@pytest.mark.apc_cases(\"D\")", "@pytest.mark.apc\n"
                                                        "@pytest.mark.apc_cases(\"D\")"))  # fmt: skip
-    fleet_ids = pytester.runpytest("--cpu-node", "--collect-only", "-q", "-m", "fleet", "--apc-data-parallel-size=2")
+    fleet_ids = pytester.runpytest(
+        "--cpu-node", "--collect-only", "-q", "-m", "fleet", "--apc-set=data_parallel_size=2"
+    )
     fleet_ids.stdout.fnmatch_lines([
         "test_fleet.py::test_fleet_accounting[[]R-c8-round_robin[]]",
         "test_fleet.py::test_fleet_accounting[[]R-c8-consistent_hash[]]",
@@ -334,7 +336,7 @@ def test_fleet_tests_are_parametrized_by_route_and_kept_out_of_apc(pytester: pyt
     assert "test_single" in fleet_ids.stdout.str()  # module-level fleet mark
     apc = pytester.runpytest("--cpu-node", "--collect-only", "-q", "-m", "apc and not fleet")
     assert "test_fleet_accounting" not in apc.stdout.str()
-    none = pytester.runpytest("--cpu-node", "--collect-only", "-q", "-m", "fleet", "--apc-router-policies=", "-rs")
+    none = pytester.runpytest("--cpu-node", "--collect-only", "-q", "-m", "fleet", "--apc-set=router_policies=", "-rs")
     none.stdout.fnmatch_lines(["test_fleet.py::test_fleet_accounting[[]no-routes[]]"])
 
 
@@ -343,7 +345,7 @@ def test_fleet_tests_are_parametrized_by_route_and_kept_out_of_apc(pytester: pyt
 
 def test_router_policies_run_on_launched_replicas_behind_a_router(pytester, tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    settings = resolve(pytester, "--apc-replicas=3")
+    settings = resolve(pytester, "--apc-set=replicas=3")
     d = deployment_for(ServerMode(True, "", "router"), settings, "/model", tmp_path, lambda m: None)
     assert isinstance(d, Fleet)
     assert d.router is not None
@@ -359,7 +361,7 @@ def test_router_policies_run_on_launched_replicas_behind_a_router(pytester, tmp_
 
 
 def test_a_data_parallel_route_is_one_launched_server_with_its_ranks(pytester, tmp_path) -> None:
-    settings = resolve(pytester, "--apc-data-parallel-size=2")
+    settings = resolve(pytester, "--apc-set=data_parallel_size=2")
     d = deployment_for(ServerMode(True, "", DATA_PARALLEL), settings, "/model", tmp_path, lambda m: None)
     assert isinstance(d, LaunchedServer)
     argv = d._command_for_port(1234)
@@ -386,7 +388,7 @@ def test_an_external_fleet_is_measured_at_its_replicas(pytester, tmp_path) -> No
 def test_an_external_apc_on_server_does_not_stand_in_for_a_fleet(pytester, tmp_path, route: str) -> None:
     """--apc-url-on is the one APC-on server of the A-F cases: the fleet routes are not measured on it
     (one server's counters under a router policy's name)."""
-    settings = resolve(pytester, "--apc-url-on=http://on:8000", "--apc-data-parallel-size=2")
+    settings = resolve(pytester, "--apc-url-on=http://on:8000", "--apc-set=data_parallel_size=2")
     d = deployment_for(ServerMode(True, "", route), settings, "/model", tmp_path, lambda m: None)
     assert not isinstance(d, ExternalServer)
     assert isinstance(deployment_for(ServerMode(True), settings, "/model", tmp_path, lambda m: None), ExternalServer)

@@ -45,11 +45,11 @@ def fleet_args(*fake_flags: str) -> list[str]:
         "-k",
         "not multiturn",  # case R only: case M behind the router is tests/test_affinity.py's and the e2e's
         "--cpu-node",
-        f"--apc-server-command={{python}} {FAKE_VLLM}",
+        f"--apc-set=server_command={{python}} {FAKE_VLLM}",
         "--apc-server-arg=--fake-model-tokenizer",
         "--apc-length-scale=0.01",
-        "--apc-startup-timeout=20",
-        "--apc-stop-timeout=3",
+        "--apc-set=startup_timeout=20",
+        "--apc-set=stop_timeout=3",
         "-p",
         "no:randomly",
         "-rA",
@@ -70,7 +70,7 @@ def errored_all(output: str) -> None:
 
 def test_missing_router_errors_every_fleet_test_at_once_naming_the_extra(tmp_path, run_inner) -> None:
     started = time.monotonic()
-    inner = run_inner(*fleet_args(), "--apc-router-command=/nonexistent/vllm-router")
+    inner = run_inner(*fleet_args(), "--apc-set=router_command=/nonexistent/vllm-router")
     assert inner.ret == 1
     assert time.monotonic() - started < 60
     errored_all(inner.output)
@@ -82,7 +82,10 @@ def test_missing_router_errors_every_fleet_test_at_once_naming_the_extra(tmp_pat
 def fake_router(*flags: str) -> list[str]:
     """tests/fake_vllm.py as vllm-router (it takes the router's flags and answers /health), with ``flags``; one
     policy, so each test starts it once."""
-    return [f"--apc-router-command={sys.executable} {FAKE_VLLM} {' '.join(flags)}", "--apc-router-policies=round_robin"]
+    return [
+        f"--apc-set=router_command={sys.executable} {FAKE_VLLM} {' '.join(flags)}",
+        "--apc-set=router_policies=round_robin",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -98,10 +101,14 @@ def fake_router(*flags: str) -> list[str]:
     ids=["exits-at-once", "bad-flag", "never-listens"],
 )
 def test_a_router_that_does_not_start_fails_its_runs_with_its_log(tmp_path, run_inner, flags, message) -> None:
-    """The replicas start; the router exits at once, refuses a flag of --apc-router-arg, or never opens its
+    """The replicas start; the router exits at once, refuses a flag of --apc-set router_arg, or never opens its
     port (with children, ignoring SIGTERM): its runs fail naming it with its log, and nothing is left."""
     inner = run_inner(
-        *fleet_args(), *fake_router(*flags), "--apc-router-arg=--no-such-flag", "--apc-startup-timeout=10", "-rA"
+        *fleet_args(),
+        *fake_router(*flags),
+        "--apc-set=router_arg=--no-such-flag",
+        "--apc-set=startup_timeout=10",
+        "-rA",
     )
     assert inner.ret == 1
     assert message in inner.output, inner.output[-4000:]
@@ -119,7 +126,7 @@ def test_interrupted_while_the_router_starts_leaves_nothing(tmp_path, run_inner,
     if signal.getsignal(sig) is signal.SIG_IGN:
         pytest.skip(f"{signal.Signals(sig).name} is ignored by this process (a background job?)")
     router = fake_router("--fake-never-ready", "--fake-children=2", "--fake-ignore-sigterm")
-    inner = run_inner(*fleet_args(), *router, "--apc-startup-timeout=300", wait=False)
+    inner = run_inner(*fleet_args(), *router, "--apc-set=startup_timeout=300", wait=False)
     inner.wait_for(tmp_path, "apc-results/*/router-*.log", "the router's start", timeout=120)
     time.sleep(1.5)
     inner.proc.send_signal(sig)
@@ -176,9 +183,9 @@ def test_external_fleet_with_a_replica_that_does_not_answer_fails_naming_it(tmp_
         started = time.monotonic()
         inner = run_inner(
             *fleet_args(), f"--apc-fleet-url={gateway_url}", f"--apc-metrics-url={replica_url}",
-            f"--apc-metrics-url={dead_url}", "--apc-startup-timeout=1800",
+            f"--apc-metrics-url={dead_url}", "--apc-set=startup_timeout=1800",
         )  # fmt: skip
-        assert time.monotonic() - started < 30  # not --apc-startup-timeout: it is up already or a wrong URL
+        assert time.monotonic() - started < 30  # not --apc-set startup_timeout: it is up already or a wrong URL
         assert inner.ret == 1
         for test in ("test_fleet_accounting", "test_prefix_locality"):
             assert f"ERROR test_fleet.py::{test}[R-c8-external]" in inner.output
@@ -203,7 +210,7 @@ def test_external_fleet_whose_gateway_does_not_answer_fails_in_seconds_naming_it
         started = time.monotonic()
         inner = run_inner(
             *fleet_args(), f"--apc-fleet-url={dead_url}", f"--apc-metrics-url={one_url}",
-            f"--apc-metrics-url={two_url}", "--apc-startup-timeout=1800",
+            f"--apc-metrics-url={two_url}", "--apc-set=startup_timeout=1800",
         )  # fmt: skip
         assert time.monotonic() - started < 30
         assert inner.ret == 1
@@ -251,7 +258,7 @@ def test_external_fleet_gets_the_replica_key_on_its_replicas_and_the_api_key_on_
         inner = run_inner(
             *fleet_args(), f"--apc-fleet-url={gateway_url}", f"--apc-metrics-url={one_url}",
             f"--apc-metrics-url={two_url}", "--apc-api-key=gateway-key-1",
-            env={"PYTEST_APC_REPLICA_API_KEY": "replica-key-2"},
+            env={"PYTEST_APC_SET": "replica_api_key=replica-key-2"},
         )  # fmt: skip
         assert "HTTP 401" not in inner.output, inner.output[-3000:]
         assert "FAILED test_fleet.py::test_fleet_accounting[R-c8-external]" in inner.output, inner.output[-3000:]
@@ -337,8 +344,8 @@ ROUND_ROBIN_COST = "320 extra prefill tokens of the 9,280 APC saves on one serve
 def test_an_external_fleet_that_breaks_its_promise_fails_naming_the_replicas(tmp_path, run_inner, gateway) -> None:
     url, replicas = gateway
     inner = run_inner(
-        *fleet_args(), f"--apc-fleet-url={url}", *replicas, "--apc-route-label=gke_gw",
-        "--apc-fleet-promise=affinity", "--apc-max-routing-cost=3.5",
+        *fleet_args(), f"--apc-fleet-url={url}", *replicas, "--apc-set=route_label=gke_gw",
+        "--apc-set=fleet_promise=affinity", "--apc-set=max_routing_cost=3.5",
     )  # fmt: skip
     assert inner.ret == 1, inner.output[-6000:]
     assert "PASSED test_fleet.py::test_fleet_accounting[R-c8-gke_gw]" in inner.output
@@ -348,7 +355,7 @@ def test_an_external_fleet_that_breaks_its_promise_fails_naming_the_replicas(tmp
         "group(s): 1 more than one per group, so groups were split across replicas; cold prefills per replica: "
         "replica 1 1 (15 requests), replica 2 1 (15 requests)"
     ) in inner.output
-    assert "above --apc-max-routing-cost" not in inner.output  # 3.45 % is within 3.5 %
+    assert "above --apc-set max_routing_cost" not in inner.output  # 3.45 % is within 3.5 %
     data = results(tmp_path)
     (run,) = data["runs"]
     assert (run["id"], run["route"]) == ("R-c8-gke_gw", "gke_gw")
@@ -364,15 +371,15 @@ def test_an_external_fleets_routing_cost_is_held_to_its_bound(tmp_path, run_inne
     """Either side of round robin's measured 3.45 %, with a promise the gateway keeps (spread)."""
     url, replicas = gateway
     inner = run_inner(
-        *fleet_args(), f"--apc-fleet-url={url}", *replicas, "--apc-route-label=gke_gw",
-        "--apc-fleet-promise=spread", f"--apc-max-routing-cost={bound}",
+        *fleet_args(), f"--apc-fleet-url={url}", *replicas, "--apc-set=route_label=gke_gw",
+        "--apc-set=fleet_promise=spread", f"--apc-set=max_routing_cost={bound}",
     )  # fmt: skip
     assert inner.ret == (0 if passes else 1), inner.output[-6000:]
     outcome = "PASSED" if passes else "FAILED"
     assert f"{outcome} test_fleet.py::test_prefix_locality[R-c8-gke_gw]" in inner.output
     assert "PASSED test_fleet.py::test_fleet_accounting[R-c8-gke_gw]" in inner.output
     assert "spread: no replica may be left idle" not in inner.output
-    above = f"routing cost 3.45% is above --apc-max-routing-cost {bound}%: {ROUND_ROBIN_COST}"
+    above = f"routing cost 3.45% is above --apc-set max_routing_cost={bound}%: {ROUND_ROBIN_COST}"
     assert (above in inner.output) is not passes
     locality = next(v for v in results(tmp_path)["verdicts"] if v["name"] == "prefix_locality")
     assert locality["numbers"]["routing_cost"] == pytest.approx(1 / 29)
@@ -384,7 +391,7 @@ def test_fleet_behind_vllm_router_is_accounted_replica_by_replica(tmp_path, run_
     (block size 4, header 4 tokens: Q = 4): every request lands on one replica, each replica's hits are
     whole cold prefills, round_robin splits 15/15 and consistent_hash keeps all 30 on one replica."""
     inner = run_inner(
-        *fleet_args("--block-size", "4"), "--apc-prefix-groups=3", "--apc-prefix-len=33000"
+        *fleet_args("--block-size", "4"), "--apc-set=prefix_groups=3", "--apc-set=prefix_len=33000"
     )  # prefix 330 tokens: S = 334, P = 332, Q = 4
     assert inner.ret == 0, inner.output[-6000:]
     data = results(tmp_path)
@@ -479,7 +486,7 @@ def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
     ],
 )
 def test_interrupted_fleet_run_leaves_no_replica_or_router(tmp_path, run_inner, phase, extra) -> None:
-    inner = run_inner(*fleet_args(*extra), "--apc-output-len=3000000", "--apc-startup-timeout=300", wait=False)
+    inner = run_inner(*fleet_args(*extra), "--apc-set=output_len=3000000", "--apc-set=startup_timeout=300", wait=False)
     marker = "apc-results/*/server-*-r2.log" if phase == "startup" else "apc-results/*/bench/*.log"
     inner.wait_for(tmp_path, marker, f"the {phase} phase", timeout=120)
     time.sleep(1.5)

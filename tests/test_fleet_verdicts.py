@@ -273,7 +273,7 @@ def test_the_failing_repeat_is_the_one_shown(pytester) -> None:
     assert len(v.numbers["repeats"]) == 2
 
 
-# -- an external fleet's promise (--apc-fleet-promise) and the routing-cost bound (--apc-max-routing-cost) ---
+# -- an external fleet's promise (--apc-set fleet_promise) and the routing-cost bound (--apc-set max_routing_cost) ---
 
 
 def gateway(pytester, *args: str):
@@ -281,18 +281,20 @@ def gateway(pytester, *args: str):
     from pytest_apc import config
 
     fleet = ("--apc-fleet-url=http://gw", "--apc-metrics-url=http://r1", "--apc-metrics-url=http://r2")
-    return config.resolve(pytester.parseconfig("--cpu-node", *fleet, "--apc-route-label=gke_gw", *args), environ={})
+    return config.resolve(pytester.parseconfig("--cpu-node", *fleet, "--apc-set=route_label=gke_gw", *args), environ={})
 
 
 def test_a_gateway_that_promises_spread_must_leave_no_replica_idle(pytester) -> None:
-    s = gateway(pytester, "--apc-fleet-promise=spread")
+    s = gateway(pytester, "--apc-set=fleet_promise=spread")
     v = verdicts.prefix_locality(fleet_run(s, "gke_gw", [(30, 29 * P), (0, 0)]), s)
     assert not v.passed
     assert "spread: no replica may be left idle, but replica 2 served none of the 30 requests (requests per " in (
         v.message
     )
     assert "(requests per replica: replica 1 30, replica 2 0)" in v.message
-    assert "gke_gw: spread (--apc-fleet-promise): requests spread over the replicas: no replica left idle" in v.message
+    assert (
+        "gke_gw: spread (--apc-set fleet_promise): requests spread over the replicas: no replica left idle" in v.message
+    )
     assert v.numbers["promise"] == "spread"
     # Uneven is still spread: the promise is no idle replica, not round robin's evenness.
     kept = verdicts.prefix_locality(fleet_run(s, "gke_gw", [(20, 19 * P), (10, 9 * P)]), s)
@@ -300,7 +302,7 @@ def test_a_gateway_that_promises_spread_must_leave_no_replica_idle(pytester) -> 
 
 
 def test_a_gateway_that_promises_affinity_must_keep_every_group_on_one_replica(pytester) -> None:
-    s = gateway(pytester, "--apc-fleet-promise=affinity")
+    s = gateway(pytester, "--apc-set=fleet_promise=affinity")
     each = predict(replace(workload_for("fleet", s), prefix_groups=3), HEADER, BLOCK, 0).replica_hits(15, 3)
     split = fleet_run(s, "gke_gw", [(15, each), (15, each)], groups=3)
     assert verdicts.fleet_accounting(split).passed
@@ -311,7 +313,7 @@ def test_a_gateway_that_promises_affinity_must_keep_every_group_on_one_replica(p
         "group(s): 3 more than one per group, so groups were split across replicas; cold prefills per replica: "
         "replica 1 3 (15 requests), replica 2 3 (15 requests)"
     ) in v.message
-    assert "gke_gw: affinity (--apc-fleet-promise): every prefix group on one replica" in v.message
+    assert "gke_gw: affinity (--apc-set fleet_promise): every prefix group on one replica" in v.message
     # Groups kept apart: group 1 on replica 1, groups 2 and 3 on replica 2 (load need not be even).
     p = predict(replace(workload_for("fleet", s), prefix_groups=3), HEADER, BLOCK, 0)
     apart = fleet_run(s, "gke_gw", [(10, p.replica_hits(10, 1)), (20, p.replica_hits(20, 2))], groups=3)
@@ -321,7 +323,7 @@ def test_a_gateway_that_promises_affinity_must_keep_every_group_on_one_replica(p
 
 
 def test_the_gateway_promise_holds_the_external_route_only(pytester) -> None:
-    """A router policy keeps its own promise whatever --apc-fleet-promise says; cache_aware has none."""
+    """A router policy keeps its own promise whatever --apc-set fleet_promise says; cache_aware has none."""
     s = replace(settings(pytester), fleet_promise="affinity")
     assert verdicts.prefix_locality(fleet_run(s, "cache_aware", [(15, HALF), (15, HALF)]), s).passed
     robin = verdicts.prefix_locality(fleet_run(s, "round_robin", [(15, HALF), (15, HALF)]), s)
@@ -333,15 +335,15 @@ def test_the_gateway_promise_holds_the_external_route_only(pytester) -> None:
 def test_the_routing_cost_bound_fails_a_run_above_it_on_every_route(pytester, route: str) -> None:
     """Round robin's split of one group over two replicas costs P of (N - 1) x P: 1/29 = 3.45 %."""
     spread = [(15, HALF), (15, HALF)]
-    above = gateway(pytester, "--apc-max-routing-cost=3.4")
+    above = gateway(pytester, "--apc-set=max_routing_cost=3.4")
     v = verdicts.prefix_locality(fleet_run(above, route, spread), above)
     assert not v.passed
     assert (
-        "routing cost 3.45% is above --apc-max-routing-cost 3.4%: 2,048 extra prefill tokens of the 59,392 APC "
+        "routing cost 3.45% is above --apc-set max_routing_cost=3.4%: 2,048 extra prefill tokens of the 59,392 APC "
         "saves on one server (2 cold prefills for 1 prefix group(s))"
     ) in v.message
     assert v.numbers["max_routing_cost"] == 3.4
-    within = gateway(pytester, "--apc-max-routing-cost=3.5")
+    within = gateway(pytester, "--apc-set=max_routing_cost=3.5")
     kept = verdicts.prefix_locality(fleet_run(within, route, spread), within)
     assert kept.passed, kept.message
     unset = settings(pytester)
@@ -350,8 +352,8 @@ def test_the_routing_cost_bound_fails_a_run_above_it_on_every_route(pytester, ro
 
 
 def test_a_routing_cost_bound_that_cannot_be_checked_fails(pytester) -> None:
-    s = gateway(pytester, "--apc-max-routing-cost=50")
+    s = gateway(pytester, "--apc-set=max_routing_cost=50")
     v = verdicts.prefix_locality(fleet_run(s, "gke_gw", [(15, 0), (15, 0)], block_size=4096), s)
     assert not v.passed
     assert "the routing cost cannot be told" in v.message
-    assert "--apc-max-routing-cost 50% cannot be checked" in v.message
+    assert "--apc-set max_routing_cost=50% cannot be checked" in v.message

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_apc import config as apc_config
-from pytest_apc.config import SPEC_BY_NAME, SPECS
+from pytest_apc.config import SPECS
 from pytest_apc.workload import fit, plan
 from pytest_apc.workload.cases import FAMILIES, FAMILY_LENGTHS, FAMILY_MARKERS, RunKey, ServerMode, workload_for
 from pytest_apc.workload.plan import FAMILY_ONLY, NO_CPU_OFFLOAD, RunParam, parametrization, unused_settings
@@ -52,7 +52,7 @@ def test_a_sweep_covers_only_the_swept_cases() -> None:
     swept = settings(sweep_concurrency=(1, 8), sweep_cases="CD")
     assert ids(parametrization("DF", {"sweep": True}, swept)) == ["D-c1", "D-c8"]
     assert parametrization("EF", {"sweep": True}, swept) == [
-        RunParam("E-c1", "not-swept", "cases EF are not in --apc-sweep-cases CD")
+        RunParam("E-c1", "not-swept", "cases EF are not in --apc-set sweep_cases=CD")
     ]
 
 
@@ -67,7 +67,7 @@ def test_hash_algorithms_are_compared_only_when_given() -> None:
 def test_the_fleet_case_runs_once_per_route() -> None:
     assert ids(parametrization("R", {"fleet": True}, settings())) == ["R-c8-round_robin", "R-c8-consistent_hash"]
     assert ids(parametrization("R", {"fleet": True}, settings(router_policies=(), data_parallel_size=2))) == ["R-c8-dp"]
-    reason = "no route to measure: --apc-router-policies is empty and --apc-data-parallel-size is 0"
+    reason = "no route to measure: --apc-set router_policies is empty and --apc-set data_parallel_size is 0"
     assert parametrization("R", {"fleet": True}, settings(router_policies=())) == [
         RunParam("R-c8-none", "no-routes", reason)
     ]
@@ -77,7 +77,7 @@ def test_the_offload_cases_run_on_a_gpu_node_at_their_own_levels() -> None:
     assert ids(parametrization("NO", {}, settings(offload_concurrency=(1, 4)))) == ["N-c1", "N-c4", "O-c1", "O-c4"]
     assert ids(parametrization("NO", {"sequential": True}, settings())) == ["N-c1", "O-c1"]
     assert parametrization("NO", {"sequential": True}, settings(offload_concurrency=(2, 8))) == [
-        RunParam("N-c2", "no-c1", "concurrency 1 is not in --apc-offload-concurrency 2,8")
+        RunParam("N-c2", "no-c1", "concurrency 1 is not in --apc-set offload_concurrency=2,8")
     ]
     assert parametrization("O", {}, settings("cpu")) == [RunParam("O-c8", "cpu-node", NO_CPU_OFFLOAD)]
 
@@ -128,9 +128,9 @@ def test_every_family_only_setting_says_so_in_its_help() -> None:
 )
 def test_a_family_setting_no_selected_case_reads_is_named(name: str, value: int, message: str) -> None:
     """Word for word: which cases would read it, derived from the one declaration of who reads what."""
-    given = replace(settings(), **{name: value}, sources={name: f"option {SPEC_BY_NAME[name].option}"})
+    given = replace(settings(), **{name: value}, sources={name: "option --apc-set"})
     planned = [plan.TestUse((RunKey("B", 8),))] if name != "input_len" else [plan.TestUse((RunKey("D", 8),))]
-    head = f"{SPEC_BY_NAME[name].option} {value} (option {SPEC_BY_NAME[name].option})"
+    head = f"--apc-set {name}={value} (option --apc-set)"
     assert unused_settings(given, planned, [], [], "the selection", FAMILY_MARKERS) == [
         f"{head}: {message} (no collected test would)"
     ]
@@ -166,7 +166,7 @@ def test_every_case_too_long_is_named_and_the_sweep_how_to_leave_it_out() -> Non
         "cases C/D (run C-c8) need 34304 tokens (prompt 33792 + output 256 + 256 for the chat template); "
         "cases A/B (run A-c8) need 33280 tokens (prompt 32768 + output 256 + 256 for the chat template). "
         "Fix: run with --apc-length-scale 0.5 (every length scaled; the expected hits follow) or leave them out "
-        "(-m 'not overhead and not pure and not rag') (the sweep: --apc-sweep-cases without them)"
+        "(-m 'not overhead and not pure and not rag') (the sweep: --apc-set sweep_cases without them)"
     )
 
 
@@ -176,7 +176,7 @@ def test_a_server_run_elsewhere_is_told_the_scale_at_which_its_runs_fit() -> Non
         "run with --apc-length-scale 0.5 (every length scaled; the expected hits follow)"
     )
     assert fit.shorten(settings(), [RunKey("F", 8)], 256) == (
-        "shorten the workload (--apc-length-scale, --apc-prefix-len, --apc-input-len, --apc-output-len)"
+        "shorten the workload (--apc-length-scale, --apc-set prefix_len, --apc-set input_len, --apc-set output_len)"
     )
 
 
@@ -265,7 +265,7 @@ def test_the_context_is_checked_against_the_selected_tests_at_collection(apc_sui
         ["ERROR: the selected runs do not fit the context of 40960 tokens (option --apc-max-model-len): cases E/F "
          "(run E-c*) need 65280 tokens (prompt 64768 + output 256 + 256 for the chat template). Fix: "
          "run with --apc-length-scale 0.625 (every length scaled; the expected hits follow) or leave them out "
-         "(-m 'not rag') (the sweep: --apc-sweep-cases without them)"]
+         "(-m 'not rag') (the sweep: --apc-set sweep_cases without them)"]
     )  # fmt: skip
     assert apc_suite.runpytest(*full, "--apc-length-scale=0.625", "-m", "apc").ret == pytest.ExitCode.OK
 

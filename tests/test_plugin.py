@@ -41,11 +41,20 @@ def test_plain():
 
 
 def test_help_lists_every_option(pytester: pytest.Pytester) -> None:
+    """--help lists every option and its ini key, and --apc-set; ``pytest-apc settings`` every other setting."""
+    from pytest_apc.report.reference import settings_text
+
     result = pytester.runpytest("--help")
     text = result.stdout.str()
     assert "--gpu-node" in text
     assert "--cpu-node" in text
+    assert "--apc-set" in text
+    assert "apc_set" in text
+    listed = settings_text()
     for spec in apc_config.SPECS:
+        if spec.advanced:
+            assert f"--apc-set {spec.name}=" in listed, spec.name
+            continue
         assert spec.option in text, spec.option
         assert spec.ini in text, spec.ini
 
@@ -94,7 +103,7 @@ def test_an_unrelated_run_hears_nothing_of_the_plugin(pytester: pytest.Pytester)
         printed = [line for line in [*result.outlines, *result.errlines] if not line.startswith("plugins: ")]
         assert not [line for line in printed if "apc" in line.lower()], printed
     # Setting anything of pytest-apc without a profile still says why its tests would skip.
-    given = pytester.runpytest("--apc-num-prompts=5")
+    given = pytester.runpytest("--apc-set=num_prompts=5")
     given.stdout.fnmatch_lines(["apc: no profile (--gpu-node / --cpu-node): APC tests will be skipped"])
 
 
@@ -145,7 +154,7 @@ def test_a_profile_whose_apc_tests_are_all_deselected_writes_no_results(pytester
 
 def test_ids_read_like_the_matrix(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(SUITE)
-    result = pytester.runpytest("--collect-only", "-q", "--apc-concurrency=4")
+    result = pytester.runpytest("--collect-only", "-q", "--apc-set=concurrency=4")
     result.stdout.fnmatch_lines(["*test_measured[[]C-c4[]]", "*test_measured[[]D-c4[]]"])
 
 
@@ -157,9 +166,9 @@ def test_apc_marker_is_added_to_tests_using_apc_fixtures(pytester: pytest.Pytest
 
 def test_invalid_setting_is_a_one_line_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(SUITE)
-    result = pytester.runpytest("--apc-num-prompts=-3")
+    result = pytester.runpytest("--apc-set=num_prompts=-3")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*Invalid apc_num_prompts '-3' from option --apc-num-prompts*"])
+    result.stderr.fnmatch_lines(["*Invalid apc_num_prompts '-3' from option --apc-set*"])
 
 
 def test_header_names_profile(pytester: pytest.Pytester) -> None:
@@ -215,20 +224,20 @@ def test_unused_settings_are_session_warnings_whatever_set_them(
 ) -> None:
     """Sweep settings from the environment with the sweep deselected, and levels no planned pair reaches:
     each named with where it came from."""
-    monkeypatch.setenv("PYTEST_APC_SWEEP_CASES", "CD")
+    monkeypatch.setenv("PYTEST_APC_SET", "sweep_cases=CD")
     reprec = apc_suite.inline_run(
         "--collect-only", "-m", "not sweep", "-k", "test_cached_tokens", "--cpu-node",
-        "--apc-sweep-concurrency=1,4", "--apc-low-concurrency=2", "--apc-pure-gain-concurrency=4",
+        "--apc-set=sweep_concurrency=1,4", "--apc-set=low_concurrency=2", "--apc-set=pure_gain_concurrency=4",
     )  # fmt: skip
     assert _session_warnings(reprec) == [
-        "--apc-sweep-concurrency 1,4 (option --apc-sweep-concurrency): no selected test runs the concurrency sweep "
+        "--apc-set sweep_concurrency=1,4 (option --apc-set): no selected test runs the concurrency sweep "
         "(they are marked sweep; -m 'not sweep' -k 'test_cached_tokens' deselected them)",
-        "--apc-sweep-cases CD (environment variable PYTEST_APC_SWEEP_CASES): no selected test runs the concurrency "
+        "--apc-set sweep_cases=CD (environment variable PYTEST_APC_SET): no selected test runs the concurrency "
         "sweep (they are marked sweep; -m 'not sweep' -k 'test_cached_tokens' deselected them)",
-        "--apc-low-concurrency 2 (option --apc-low-concurrency): no selected test judges the E/F pair at "
+        "--apc-set low_concurrency=2 (option --apc-set): no selected test judges the E/F pair at "
         "concurrency 2 or below (E/F planned at concurrency 8; they are marked sweep; -m 'not sweep' "
         "-k 'test_cached_tokens' deselected them)",
-        "--apc-pure-gain-concurrency 4 (option --apc-pure-gain-concurrency): no selected test judges the C/D pair at "
+        "--apc-set pure_gain_concurrency=4 (option --apc-set): no selected test judges the C/D pair at "
         "concurrency 4 or below (C/D planned at concurrency 8; they are marked sweep; -m 'not sweep' "
         "-k 'test_cached_tokens' deselected them)",
     ]
@@ -239,27 +248,27 @@ def test_the_gates_settings_are_unused_without_a_baseline_or_a_run_to_gate(apc_s
     without a baseline are unused whatever is selected."""
     b = cpu_baseline(apc_suite.path, "b.json")
     reprec = apc_suite.inline_run(
-        "--collect-only", "-m", "fleet", "--cpu-node", f"--apc-baseline={b}", "--apc-baseline-false-alarm=0.05"
+        "--collect-only", "-m", "fleet", "--cpu-node", f"--apc-baseline={b}", "--apc-set=baseline_false_alarm=0.05"
     )
     assert _session_warnings(reprec) == [
         f"--apc-baseline {b} (option --apc-baseline): no selected test measures a single-server run, so the gate "
         "has no run to compare (47 tests would; -m 'fleet' deselected them)",
-        "--apc-baseline-false-alarm 0.05 (option --apc-baseline-false-alarm): no selected test measures a "
+        "--apc-set baseline_false_alarm=0.05 (option --apc-set): no selected test measures a "
         "single-server run, so the gate has no run to compare (47 tests would; -m 'fleet' deselected them)",
     ]
-    reprec = apc_suite.inline_run("--collect-only", "-m", "pure", "--cpu-node", "--apc-baseline-repeats=5")
+    reprec = apc_suite.inline_run("--collect-only", "-m", "pure", "--cpu-node", "--apc-set=baseline_repeats=5")
     assert _session_warnings(reprec) == [
-        "--apc-baseline-repeats 5 (option --apc-baseline-repeats): no --apc-baseline is given, so the gate does not run"
+        "--apc-set baseline_repeats=5 (option --apc-set): no --apc-baseline is given, so the gate does not run"
     ]
 
 
 def test_an_unused_replica_key_is_named_and_never_printed(
     apc_suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PYTEST_APC_REPLICA_API_KEY", "s3cret-replica-key")
+    monkeypatch.setenv("PYTEST_APC_SET", "replica_api_key=s3cret-replica-key")
     reprec = apc_suite.inline_run("--collect-only", "-m", "pure", "--cpu-node")
     assert _session_warnings(reprec) == [
-        "--apc-replica-api-key *** (environment variable PYTEST_APC_REPLICA_API_KEY): no selected test measures a "
+        "--apc-set replica_api_key=*** (environment variable PYTEST_APC_SET): no selected test measures a "
         "fleet (case R, -m fleet) (they are marked fleet; -m 'pure' deselected them)"
     ]
 
@@ -268,10 +277,11 @@ def test_the_default_run_and_options_that_are_used_warn_of_nothing(apc_suite: py
     strict = ("-W", "error::pytest_apc.plugin.ApcUnusedOptionWarning")
     assert apc_suite.runpytest("--collect-only", "-q", "-m", "apc", "--cpu-node", *strict).ret == pytest.ExitCode.OK
     b = cpu_baseline(apc_suite.path, prefix_len=4096, suffix_len=64, input_len=4096, rag_prefix_len=4000)
-    used = ["--apc-hash-algos=sha256_cbor", f"--apc-baseline={b}", "--apc-baseline-false-alarm=0.05",
-            "--apc-low-concurrency=2", "--apc-pure-gain-concurrency=0", "--apc-sweep-cases=CDF",
-            "--apc-sweep-concurrency=1,8", "--apc-prefix-len=4096", "--apc-suffix-len=64", "--apc-input-len=4096",
-            "--apc-rag-prefix-len=4000", "--apc-url-on=http://on:8000", "--apc-url-off=http://off:8000"]  # fmt: skip
+    used = ["--apc-hash-algos=sha256_cbor", f"--apc-baseline={b}", "--apc-set=baseline_false_alarm=0.05",
+            "--apc-set=low_concurrency=2", "--apc-set=pure_gain_concurrency=all", "--apc-set=sweep_cases=CDF",
+            "--apc-set=sweep_concurrency=1,8", "--apc-set=prefix_len=4096", "--apc-set=suffix_len=64",
+            "--apc-set=input_len=4096", "--apc-set=rag_prefix_len=4000", "--apc-url-on=http://on:8000",
+            "--apc-url-off=http://off:8000"]  # fmt: skip
     result = apc_suite.runpytest("--collect-only", "-q", "-m", "apc", "--cpu-node", *used, *strict)
     assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
 
@@ -299,7 +309,9 @@ def test_missing_vllm_bench_module_is_one_usage_line(
     result = pytester.runpytest("--cpu-node")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*needs vLLM's benchmark module vllm.benchmarks.serve*installed: *tested with*"])
-    assert pytester.runpytest("--cpu-node", "--apc-server-command=/opt/vllm-serve").ret != (pytest.ExitCode.USAGE_ERROR)
+    assert pytester.runpytest("--cpu-node", "--apc-set=server_command=/opt/vllm-serve").ret != (
+        pytest.ExitCode.USAGE_ERROR
+    )
 
 
 # Tests of the user's beside the shipped suite, marked with markers of the user's own.
@@ -374,7 +386,7 @@ def test_under_xdist_the_node_lock_refuses_before_any_test_runs(
     """The workers collect, the controller holds the lock: it is taken (here: refused) before a test is
     scheduled. The commands are ones that would fail at once, should a server start after all."""
     result = apc_suite.runpytest_subprocess(
-        *ELSEWHERE, "-n", "2", "-m", "fleet", "--apc-server-command=false", "--apc-router-command=false"
+        *ELSEWHERE, "-n", "2", "-m", "fleet", "--apc-set=server_command=false", "--apc-set=router_command=false"
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:] + result.stderr.str()[-2000:]
     result.stderr.fnmatch_lines(["*another pytest-apc run holds this node's GPUs (pid *This run needs them: run *-c8*"])
@@ -474,13 +486,13 @@ def test_a_baseline_without_enough_repeats_of_the_selected_runs_stops_pytest_aft
 ) -> None:
     b = cpu_baseline(apc_suite.path)
     co = ["--co"] if collect_only else []
-    result = apc_suite.runpytest("-m", "pure", "--cpu-node", f"--apc-baseline={b}", "--apc-baseline-repeats=6", *co)
+    result = apc_suite.runpytest("-m", "pure", "--cpu-node", f"--apc-baseline={b}", "--apc-set=baseline_repeats=6", *co)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert result.stderr.lines[0] == (
         f"ERROR: baseline {b} has 5 cold repeats of C-c8, D-c8; the gate needs 6 or more (measure the baseline with "
         "--apc-repeats 6)"
     )
-    result = apc_suite.runpytest("-m", "pure", "--cpu-node", f"--apc-baseline={b}", "--apc-concurrency=4", *co)
+    result = apc_suite.runpytest("-m", "pure", "--cpu-node", f"--apc-baseline={b}", "--apc-set=concurrency=4", *co)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert result.stderr.lines[0] == (
         f"ERROR: no run of this run is in baseline {b}: this run has C-c4, D-c4; the baseline has C-c8, D-c8"
@@ -495,7 +507,7 @@ def test_under_xdist_a_baseline_without_enough_repeats_fails_every_run_before_a_
     and no server is started."""
     b = cpu_baseline(apc_suite.path)
     result = apc_suite.runpytest_subprocess("-n", "2", "-m", "pure", "--cpu-node", f"--apc-baseline={b}",
-                                            "--apc-baseline-repeats=6", "--apc-results-dir=res")  # fmt: skip
+                                            "--apc-set=baseline_repeats=6", "--apc-results-dir=res")  # fmt: skip
     assert result.ret == pytest.ExitCode.USAGE_ERROR  # as without xdist: the baseline, not the build, failed
     refusal = f"baseline {b} has 5 cold repeats of C-c8, D-c8; the gate needs 6 or more"
     result.stdout.fnmatch_lines([f"NOT MEASURED C-c8: run C-c8 was not measured: {refusal}*",

@@ -109,7 +109,7 @@ def test_stop_escalates_to_sigkill_and_reaches_the_group(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(("mode", "measured"), [("warn", True), ("fail", False)])
 def test_kv_working_set_beyond_capacity(pytester: pytest.Pytester, tmp_path: Path, mode: str, measured: bool) -> None:
-    settings = apc_config.resolve(pytester.parseconfig("--cpu-node", f"--apc-kv-check={mode}"), environ={})
+    settings = apc_config.resolve(pytester.parseconfig("--cpu-node", f"--apc-set=kv_check={mode}"), environ={})
     session = ApcSession(settings=settings, run_dir=tmp_path, json_path=tmp_path / "r.json")
     info = ServerInfo(mode="apc-on", command=[], url="", log="", block_size=128, num_gpu_blocks=40,
                       chat_header_tokens=26)  # fmt: skip
@@ -230,7 +230,7 @@ FAULTS = {
         },
         "RuntimeError: CUDA out of memory (fake)",
     ),
-    # A flag the program does not know (from --apc-server-arg, --apc-router-arg, in a worker command).
+    # A flag the program does not know (from --apc-server-arg, --apc-set router_arg, in a worker command).
     "refuses-a-flag": (
         ("--fake-refuse=--no-such-flag", "--no-such-flag"),
         120,
@@ -249,7 +249,7 @@ FAULTS = {
         {
             "server": "apc-on server was not ready after 2 s (still waiting for the process to listen (/health))",
             "router": "vllm-router (round_robin) did not answer /health within 2 s",
-            "worker": "benchmark did not finish within 2 s (--apc-bench-timeout); it was killed",
+            "worker": "benchmark did not finish within 2 s (--apc-set bench_timeout); it was killed",
         },
         "INFO fake child pid=",
     ),
@@ -357,7 +357,7 @@ def test_a_run_stopped_by_a_usage_error_reaps_nothing_of_the_run_around_it(
     with (tmp_path / "log").open("wb") as log:
         proc = procs.spawn([sys.executable, "-c", "import time; time.sleep(60)"], {}, log)
     try:
-        result = pytester.runpytest_inprocess("--cpu-node", "--apc-num-prompts=0")
+        result = pytester.runpytest_inprocess("--cpu-node", "--apc-set=num_prompts=0")
         assert result.ret == pytest.ExitCode.USAGE_ERROR
         time.sleep(0.2)
         assert proc.poll() is None, "the inner run's unconfigure killed a process of the outer run"

@@ -191,8 +191,9 @@ def offload_run(
     # A subprocess: the generated model's tokenizer imports torch, which cannot be imported twice in one process.
     result = pytester.runpytest_subprocess(
         "--gpu-node", "--apc-model-shape=llama-3.1-8b",
-        f"--apc-server-command={{python}} {FAKE_VLLM}", "--apc-server-arg=--fake-model-tokenizer",
-        "--apc-num-prompts=8", "--apc-length-scale=0.02", "--apc-startup-timeout=20", "--apc-stop-timeout=3",
+        f"--apc-set=server_command={{python}} {FAKE_VLLM}", "--apc-server-arg=--fake-model-tokenizer",
+        "--apc-set=num_prompts=8", "--apc-length-scale=0.02", "--apc-set=startup_timeout=20",
+        "--apc-set=stop_timeout=3",
         "--apc-results-dir=res", "-p", "no:randomly", "-k", "not tier_pays_off", *extra,
     )  # fmt: skip
     (path,) = Path(pytester.path, "res").glob("*/results.json")
@@ -204,7 +205,7 @@ def test_hits_across_tiers_through_fake_servers(pytester: pytest.Pytester, monke
     fake's GPU cache is a plain LRU, not vLLM's block pool, and the eviction verdict says so. Concurrency 1
     only: at 8 the fake's threads admit the requests in whatever order they arrive, so which hits come from
     its GPU cache and which from its tier (all of them from the GPU, in one CI run) is not the plugin's doing."""
-    result, doc = offload_run(pytester, monkeypatch, "--apc-offload-concurrency=1")
+    result, doc = offload_run(pytester, monkeypatch, "--apc-set=offload_concurrency=1")
     result.assert_outcomes(passed=2, failed=2, deselected=1)  # same_answers passes on the fake, too
     result.stdout.fnmatch_lines(["*N-c1: GPU-cache hits*replay of vLLM's block pool*", "*not the LRU order replayed*"])
     servers = {s["mode"]: s for s in doc["servers"]}
@@ -233,7 +234,7 @@ def test_a_tier_that_keeps_its_prefixes_through_the_reset_fails_by_name(
         pytester,
         monkeypatch,
         "--apc-server-arg=--fake-tier-survives-reset",
-        "--apc-offload-tier-gib=0.001",
+        "--apc-set=offload_tier_gib=0.001",
         "-k",
         "across_tiers",
     )
@@ -244,8 +245,8 @@ def test_a_tier_that_keeps_its_prefixes_through_the_reset_fails_by_name(
 
 def test_offload_settings_without_an_offload_test_are_named(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_offload=OFFLOAD_SUITE.read_text())
-    result = pytester.runpytest("--cpu-node", "--apc-offload-groups=5", "-m", "pure", "-p", "no:randomly")
-    result.stdout.fnmatch_lines(["*--apc-offload-groups 5*no selected test measures the offload tier*"])
+    result = pytester.runpytest("--cpu-node", "--apc-set=offload_groups=5", "-m", "pure", "-p", "no:randomly")
+    result.stdout.fnmatch_lines(["*--apc-set offload_groups=5*no selected test measures the offload tier*"])
 
 
 def test_offload_tests_skip_on_the_cpu_build_in_one_line(pytester: pytest.Pytester) -> None:

@@ -140,7 +140,7 @@ def test_no_significant_gain_fails_ttft_gain(pytester) -> None:
 
 
 def test_apc_overhead_beyond_tolerance_fails(pytester) -> None:
-    s = settings(pytester, "--apc-overhead-tolerance=0.1")
+    s = settings(pytester, "--apc-set=overhead_tolerance=0.1")
     off = record(s, "A", 8, delta(0, 0), 100.0)
     on = record(s, "B", 8, delta(int(off.bench["total_input_tokens"]), 0), 150.0)
     v = verdicts.not_slower(verdicts.Pair(off, on, s))
@@ -150,7 +150,7 @@ def test_apc_overhead_beyond_tolerance_fails(pytester) -> None:
 
 
 def test_min_bound_fraction_gate(pytester) -> None:
-    s = settings(pytester, "--apc-min-bound-fraction=0.5")
+    s = settings(pytester, "--apc-set=min_bound_fraction=0.5")
     off = record(s, "C", 8, delta(0, 0), 100.0)
     on = record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), off.prediction.expected_hits), 50.0)
     v = verdicts.ttft_gain(verdicts.Pair(off, on, s))
@@ -182,7 +182,7 @@ def test_missing_counters_cannot_verify(pytester) -> None:
 
 
 def test_rag_effect_switches_on_concurrency(pytester) -> None:
-    s = settings(pytester, "--apc-low-concurrency=1")
+    s = settings(pytester, "--apc-set=low_concurrency=1")
     off1, on1 = record(s, "E", 1, delta(0, 0), 80.0), record(s, "F", 1, delta(1, 0), 79.0)
     assert verdicts.rag_effect(verdicts.Pair(off1, on1, s)).name == "ttft_gain"
     off8, on8 = record(s, "E", 8, delta(0, 0), 80.0), record(s, "F", 8, delta(1, 0), 79.0)
@@ -192,9 +192,9 @@ def test_rag_effect_switches_on_concurrency(pytester) -> None:
 
 
 def test_pure_effect_switches_on_the_profile_limit(pytester) -> None:
-    cpu = settings(pytester)  # CPU profile (-1): no significant gain required at any level
-    gpu = settings(pytester, "--apc-pure-gain-concurrency=0")  # every level
-    up_to_1 = settings(pytester, "--apc-pure-gain-concurrency=1")
+    cpu = settings(pytester)  # CPU profile (0): no significant gain required at any level
+    gpu = settings(pytester, "--apc-set=pure_gain_concurrency=all")  # every level (the GPU default)
+    up_to_1 = settings(pytester, "--apc-set=pure_gain_concurrency=1")
     off2, on2 = record(cpu, "C", 2, off_delta(cpu, "C"), 100.0), record(cpu, "D", 2, delta(1, 0), 100.0)
     assert verdicts.pure_effect(verdicts.Pair(off2, on2, cpu)).name == "not_slower"
     assert verdicts.pure_effect(verdicts.Pair(off2, on2, gpu)).name == "ttft_gain"
@@ -205,7 +205,7 @@ def test_pure_effect_switches_on_the_profile_limit(pytester) -> None:
 
 
 def test_same_as_default_fails_on_other_hits_and_slowness(pytester) -> None:
-    s = settings(pytester, "--apc-overhead-tolerance=0.1")
+    s = settings(pytester, "--apc-set=overhead_tolerance=0.1")
     default = record(s, "D", 8, delta(64263, 59392), 40.0)
     algo = record(s, "D", 8, delta(64263, 58368), 80.0)
     algo.key = RunKey("D", 8, "xxhash")

@@ -96,10 +96,16 @@ MAIN_JOB = "pytest-apc -m apc --cpu-node"  # run on real vLLM by tests/test_e2e_
 MODEL_PATHS = re.compile(r"^(/models/|/path/to/)")
 # The fake server in place of vLLM, at lengths and counts that keep each command to seconds.
 FAKE = {
-    "PYTEST_APC_SERVER_COMMAND": f"{{python}} {FAKE_VLLM}", "PYTEST_APC_NUM_PROMPTS": "4",
-    "PYTEST_APC_LENGTH_SCALE": "0.01", "PYTEST_APC_STARTUP_TIMEOUT": "20", "PYTEST_APC_STOP_TIMEOUT": "3",
-    "PYTEST_APC_SWEEP_CONCURRENCY": "8", "PYTEST_APC_ANSWERS_PROBES": "1",
+    "num_prompts": "4", "length_scale": "0.01", "startup_timeout": "20", "stop_timeout": "3",
+    "sweep_concurrency": "8", "answers_probes": "1",
 }  # fmt: skip
+
+
+def _fake_settings(block_size: int) -> str:
+    """PYTEST_APC_SET for the fake server, its blocks as vLLM's own for the profile (16 tokens on a GPU, 128
+    on the CPU build)."""
+    settings = FAKE | {"server_command": f"{{python}} {FAKE_VLLM} --block-size {block_size}"}
+    return shlex.join(f"{name}={value}" for name, value in settings.items())
 
 
 def documented_commands(page: Path) -> list[list[str]]:
@@ -136,7 +142,7 @@ def test_every_readme_and_quickstart_command_runs_from_an_empty_folder(installed
 
     model = str(ensure_tiny_model())
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
-    env |= FAKE | {"PATH": f"{installed}{os.pathsep}{env['PATH']}"}
+    env["PATH"] = f"{installed}{os.pathsep}{env['PATH']}"
     commands = [c for page in (REPO / "README.md", REPO / "docs" / "quickstart.md") for c in documented_commands(page)]
     ran, checkout_only = [], []
     for number, words in enumerate(commands):
@@ -153,10 +159,7 @@ def test_every_readme_and_quickstart_command_runs_from_an_empty_folder(installed
         if words[1:2] == ["report"]:
             earlier = sorted(tmp_path.glob("command-*/apc-results/*/results.json"))[-1]
             words = [w if "<timestamp>" not in w else str(earlier) for w in words]
-        # The fake's blocks as vLLM's own for the profile: 16 tokens on a GPU, 128 on the CPU build.
-        fake = env | (
-            {"PYTEST_APC_SERVER_COMMAND": f"{{python}} {FAKE_VLLM} --block-size 128"} if "--cpu-node" in words else {}
-        )
+        fake = env | {"PYTEST_APC_SET": _fake_settings(128 if "--cpu-node" in words else 16)}
         done = subprocess.run(_fake_args(words, model), cwd=folder, env=fake, capture_output=True, text=True,
                               timeout=900)  # fmt: skip
         output = done.stdout + done.stderr

@@ -1,8 +1,8 @@
 """Case R: prefix groups sent through a router to several replicas, where routing decides APC's payoff.
 
 A request can only hit the prefix blocks of the replica it lands on. One run per route (each
---apc-router-policies policy on the same replicas behind vllm-router, vLLM's data-parallel balancer with
---apc-data-parallel-size, or an external fleet with --apc-fleet-url), every replica's cache reset before
+--apc-set router_policies policy on the same replicas behind vllm-router, vLLM's data-parallel balancer with
+--apc-set data_parallel_size, or an external fleet with --apc-fleet-url), every replica's cache reset before
 it, every replica's counters read around it. Not part of ``-m apc``: select with ``-m fleet``.
 
 Case M behind the router (``test_multiturn_affinity``) runs on the same replicas: ``-m fleet`` measures

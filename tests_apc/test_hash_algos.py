@@ -2,7 +2,7 @@
 
 Each listed algorithm gets its own APC-on server (one launch each); its ON runs are compared with the
 default server's: the algorithm names blocks differently but must cache exactly the same ones, at a cost
-within --apc-overhead-tolerance.
+within --apc-set overhead_tolerance.
 """
 
 import pytest

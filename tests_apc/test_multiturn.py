@@ -39,7 +39,7 @@ def test_compaction(apc_run, apc_assert):
 @pytest.mark.apc_cases("M")
 def test_late_turns_faster(apc_pair, apc_assert):
     """The late turns (the second half), where the history dominates the prompt, get their first token
-    significantly sooner with APC than without, up to --apc-multiturn-gain-concurrency; above it, no later."""
+    significantly sooner with APC than without, up to --apc-set multiturn_gain_concurrency; above it, no later."""
     apc_assert(verdicts.late_turn_ttft(apc_pair))
 
 

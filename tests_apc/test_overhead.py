@@ -25,7 +25,7 @@ def test_cached_tokens(apc_run, apc_assert):
 
 @pytest.mark.apc_cases("B")
 def test_apc_overhead(apc_pair, apc_assert):
-    """A ~ B: APC on is not slower than off beyond --apc-overhead-tolerance (TTFT interval, duration)."""
+    """A ~ B: APC on is not slower than off beyond --apc-set overhead_tolerance (TTFT interval, duration)."""
     apc_assert(verdicts.not_slower(apc_pair))
 
 

@@ -1,4 +1,4 @@
-"""The concurrency sweep: C/D and E/F again at every level of --apc-sweep-concurrency (1, 2, 4, 8).
+"""The concurrency sweep: C/D and E/F again at every level of --apc-set sweep_concurrency (1, 2, 4, 8).
 
 In vLLM V1 blocks are registered when scheduled, so the cached tokens must not depend on concurrency:
 every level is held to the same prediction. The default level's runs are shared with the case tests.

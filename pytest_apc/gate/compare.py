@@ -5,7 +5,7 @@ Each run both files have (``C-c8``, ``D-c8``, ...) is judged on two things:
 
 * **mean TTFT (median of the cold repeats)** (:mod:`pytest_apc.gate.noise`): a regression when it rose
   beyond the limit that the run-to-run noise allows, so that a build that did not change fails the whole
-  gate with probability at most ``--apc-baseline-false-alarm`` (split over the runs judged);
+  gate with probability at most ``--apc-set baseline_false_alarm`` (split over the runs judged);
 * **cached tokens** (APC-on runs): exact; fewer than the baseline's is a regression.
 
 The gate also fails (refuses) when the baseline was measured under conditions that make its numbers

@@ -207,7 +207,7 @@ class BenchRunner:
                 _error_lines(log_path),
             ),
             timed_out=lambda: self._gone(
-                f"benchmark did not finish within {timeout:.0f} s (--apc-bench-timeout); it was killed\n"
+                f"benchmark did not finish within {timeout:.0f} s (--apc-set bench_timeout); it was killed\n"
                 f"re-run: {command}\nbenchmark log: {log_path}",
                 _error_lines(log_path),
                 worker_log=False,

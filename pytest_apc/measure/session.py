@@ -216,7 +216,7 @@ class ApcSession:
             )
             self._warn(message)
             if self.settings.kv_check == "fail":
-                self.measured.errors[key] = message + " (--apc-kv-check=fail: not measured)"
+                self.measured.errors[key] = message + " (--apc-set kv_check=fail: not measured)"
             else:
                 kept.append(run)
         return kept

@@ -2,7 +2,8 @@
 
 * ``terminal``: header and progress lines, the tables (their rows, ``results.rows``, declare the columns),
   server lines, the terminal summary
-* ``markdown``: ``summary.md``; ``plots``: the PNG plots; ``reference``: the configuration reference page
+* ``markdown``: ``summary.md``; ``plots``: the PNG plots; ``reference``: the configuration reference page and
+  the listing of ``pytest-apc settings``
 * ``junit``: JUnit properties; ``failures``: sections below a failure
 * ``controller``: ``ControllerReporter``, which gathers the verdicts and writes every file once
 

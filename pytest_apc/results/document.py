@@ -21,7 +21,7 @@ from pytest_apc.measure.session import ApcSession
 from pytest_apc.redaction import redact
 from pytest_apc.workload.cases import CASE_FAMILY
 
-FILE_NAME = "results.json"  # in the run's folder, unless --apc-json names another file
+FILE_NAME = "results.json"  # in the run's folder, unless --apc-set json names another file
 SCHEMA_VERSION = 9  # the one version read; a file of an older one is migrated first (MIGRATE names how)
 SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)  # every version pytest-apc has written
 MIGRATE = "python scripts/migrate_results.py"  # rewrites a file of an older version as the current one

@@ -1,5 +1,5 @@
 """The plugin's HTTP client for servers, routers and gateways: the API key as a bearer token, TLS verified
-with the CA bundle given (``--apc-ca-bundle``) whatever the environment says."""
+with the CA bundle given (``--apc-set ca_bundle``) whatever the environment says."""
 
 from __future__ import annotations
 

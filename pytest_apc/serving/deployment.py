@@ -63,7 +63,7 @@ def deployment_for(
         api_key=settings.api_key,
         ca_bundle=settings.ca_bundle,
     )
-    # A server run elsewhere serves the name it serves (without --apc-served-model-name, take it from it),
+    # A server run elsewhere serves the name it serves (without --apc-set served_model_name, take it from it),
     # and its own context. Launched servers get the context fit.launch_len gives them, and the plugin checks
     # the selected runs against it at collection (fit.check).
     named = settings.served_model_name if given(settings, "served_model_name") else ""
@@ -86,7 +86,7 @@ def deployment_for(
             sized = offload_sizes(settings, model, workload)
         except OffloadSizeError as err:
             raise ServerError(
-                f"{err}; give the sizes instead (--apc-offload-gpu-blocks and --apc-offload-tier-gib)"
+                f"{err}; give the sizes instead (--apc-set offload_gpu_blocks and --apc-set offload_tier_gib)"
             ) from err
         # vLLM refuses a GPU cache smaller than one request of --max-model-len: the offload case's own length.
         server = launched_server(
@@ -99,7 +99,7 @@ def deployment_for(
         # The replicas' own credential: the gateway's key need not open a pod's /v1/models.
         pods = elsewhere
         if settings.replica_api_key:
-            pods = replace(elsewhere, api_key=settings.replica_api_key, key_option="--apc-replica-api-key")
+            pods = replace(elsewhere, api_key=settings.replica_api_key, key_option="--apc-set replica_api_key")
         replicas: list[Endpoint] = [
             ExternalServer(mode, replace(pods, log_path=replica(i).log_path), url)
             for i, url in enumerate(settings.metrics_url)
@@ -224,7 +224,7 @@ def replica_gpus(settings: Settings) -> list[tuple[dict[str, str], int]]:
         if per * count > len(gpus):
             raise ServerError(
                 f"{count} replicas x tensor parallel {per} need {per * count} GPUs, {len(gpus)} are visible "
-                "(--apc-replicas, --apc-tensor-parallel-size, CUDA_VISIBLE_DEVICES)"
+                "(--apc-set replicas, --apc-tensor-parallel-size, CUDA_VISIBLE_DEVICES)"
             )
         return [({"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * per : (i + 1) * per])}, per) for i in range(count)]
     chunks = cpu_core_chunks(settings, count)
@@ -256,7 +256,7 @@ def external_url(mode: ServerMode, settings: Settings) -> str:
 def offload_sizes(settings: Settings, model: str, workload: Workload) -> OffloadSizes:
     """The GPU cache and CPU tier of the small-cache servers of ``workload``'s family (the offload case's, or
     the multi-turn case's, sized for its conversations: offload.py), from the model's config. The sizes given
-    by --apc-offload-gpu-blocks / --apc-offload-tier-gib are the offload case's alone."""
+    by --apc-set offload_gpu_blocks / offload_tier_gib are the offload case's alone."""
     multiturn = workload.family == "multiturn"
     return offload.sizes(
         workload, offload.model_config(model), tuple(settings.server_arg), TEMPLATE_HEADROOM,
@@ -282,7 +282,7 @@ def context_needed(runs: Sequence[PlannedRun]) -> tuple[int, str]:
 
 
 def server_python(settings: Settings) -> str:
-    """What ``{python}`` stands for in the server command: --apc-server-python; else, behind a launcher (a
+    """What ``{python}`` stands for in the server command: --apc-set server_python; else, behind a launcher (a
     container has an interpreter of its own), ``python3``; else this interpreter."""
     return settings.server_python or ("python3" if settings.launcher else sys.executable)
 

@@ -213,14 +213,16 @@ class Endpoint(Deployment):
         models = self.http.get(f"{self.url}/v1/models", timeout=5).json()
         ids = [entry.get("id") for entry in models.get("data", [])]
         if not self.served_model_name and len(ids) > 1:
-            raise self._failure(f"serves several models {ids}: name the one to measure with --apc-served-model-name")
+            raise self._failure(
+                f"serves several models {ids}: name the one to measure with --apc-set served_model_name"
+            )
         if not self.served_model_name and ids:
             self.served_model_name = ids[0]  # none was given: the one it serves
             self._progress(f"{self.mode.name}: {self.url} serves {ids[0]!r}, which the benchmark requests")
         if ids and self.served_model_name not in ids:
             raise Incomplete(
                 f"serves {ids}, not {self.served_model_name!r}: the benchmark's requests would all fail "
-                "(--apc-served-model-name, or a --served-model-name in --apc-server-arg, or a URL that points "
+                "(--apc-set served_model_name, or a --served-model-name in --apc-server-arg, or a URL that points "
                 "at another deployment)"
             )
         if self.served_model_name not in ids:

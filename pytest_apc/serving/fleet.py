@@ -7,7 +7,7 @@ each as a part), so the verdicts can count requests, hits and cold prefills per 
 
 Two kinds:
 
-* launched: ``--apc-replicas`` vLLM servers (``LaunchedServer``, one log each) behind ``vllm-router``
+* launched: ``--apc-set replicas`` vLLM servers (``LaunchedServer``, one log each) behind ``vllm-router``
   (``router.Router``), started with one policy at a time (``route``); the replicas stay up across policies;
 * external: a router or gateway run elsewhere (``--apc-fleet-url``) and every replica's base URL
   (``--apc-metrics-url``): measured, reset and scraped, never started or stopped.
@@ -91,7 +91,7 @@ class Fleet:
                 outcomes = list(pool.map(self._start_one, range(len(self.replicas))))
             except BaseException:
                 # Interrupted (Ctrl-C, SIGTERM): leaving this block joins the threads, which would wait for
-                # every replica to be ready or time out (--apc-startup-timeout); they give up now, each
+                # every replica to be ready or time out (--apc-set startup_timeout); they give up now, each
                 # stopping its own server.
                 for replica in self.replicas:
                     replica.cancel()
@@ -126,7 +126,8 @@ class Fleet:
                 raise ServerError(
                     f"the {self.mode.name} gateway (--apc-fleet-url {self._url}) serves {ids}, not "
                     f"{self.served_model_name!r}, which its replicas serve: --apc-fleet-url and --apc-metrics-url "
-                    "point at different deployments, or --apc-served-model-name is not the name the gateway routes by"
+                    "point at different deployments, or --apc-set served_model_name is not the name the gateway "
+                    "routes by"
                 )
 
     def _start_one(self, index: int) -> str:

@@ -1,7 +1,7 @@
 """Is a server run elsewhere there at all? Short probes of a URL, before anything waits for it.
 
 A launched server refuses connections while it loads its model, so its readiness waits up to
-``--apc-startup-timeout``. A server run elsewhere (``--apc-url-on/off``, ``--apc-fleet-url``, each
+``--apc-set startup_timeout``. A server run elsewhere (``--apc-url-on/off``, ``--apc-fleet-url``, each
 ``--apc-metrics-url``) is up before pytest starts: whatever it answers now, it answers for good. It gets
 ``GRACE_S`` for answers that a restarting server gives (connection refused, a timeout, HTTP 5xx); an answer
 that waiting cannot change (a host name that does not resolve, TLS that fails, HTTP 401, 404) fails at once.
@@ -36,7 +36,7 @@ def get(http: requests.Session, url: str, timeout: float = TIMEOUT_S) -> request
     try:
         return http.get(url, timeout=timeout)
     except requests.exceptions.SSLError as err:
-        return Answer(f"TLS failed ({_reason(err)}); a private CA needs --apc-ca-bundle", True)
+        return Answer(f"TLS failed ({_reason(err)}); a private CA needs --apc-set ca_bundle", True)
     except requests.Timeout:
         return Answer(f"no answer within {timeout:g} s", False)
     except requests.ConnectionError as err:

@@ -71,7 +71,7 @@ class Router:
         if shutil.which(self.command[0]) is None and not Path(self.command[0]).is_file():
             return (
                 f"the fleet tests start vllm-router ({self.command[0]!r}), which is not installed: {ROUTER_EXTRA} "
-                "(or point --apc-router-command at it, or measure a fleet run elsewhere with --apc-fleet-url)"
+                "(or point --apc-set router_command at it, or measure a fleet run elsewhere with --apc-fleet-url)"
             )
         return None
 
@@ -84,7 +84,7 @@ class Router:
         def command(port: int) -> list[str]:
             # vllm-router also serves Prometheus metrics, on 127.0.0.1:29000 unless told otherwise: with that
             # port taken (another run's router, any other process) it exits while starting. Its own free port;
-            # a --prometheus-port in --apc-router-arg comes later and wins.
+            # a --prometheus-port in --apc-set router_arg comes later and wins.
             return [
                 *self.command, "--worker-urls", *worker_urls, "--policy", policy,
                 "--host", self.bind_host, "--port", str(port),

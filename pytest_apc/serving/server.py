@@ -120,7 +120,9 @@ class LaunchedServer(Endpoint):
     def _wait_launched(self, started: float) -> None:
         self._log_watch = LogWatch(self.log_path, start=self._process.log_offset)  # this launch's lines only
         self._engines = {}
-        self._wait_ready(started, self.startup_timeout, "raise --apc-startup-timeout if the model is just slow to load")
+        self._wait_ready(
+            started, self.startup_timeout, "raise --apc-set startup_timeout if the model is just slow to load"
+        )
 
     def _gpus_released(self) -> None:
         waited = wait_gpu_memory_released(self.gpu_baseline)
@@ -154,7 +156,7 @@ class ExternalServer(Endpoint):
             raise self._failure(f"(external, {self.url}) does not answer /health {doing}")
 
     def start(self) -> ServerInfo:
-        """Probe it (seconds, not --apc-startup-timeout: it is up already or it is the wrong URL), then
+        """Probe it (seconds, not --apc-set startup_timeout: it is up already or it is the wrong URL), then
         check it as a launched server is checked, within the same short grace."""
         self.info.command = [EXTERNAL, self.url]
         self.info.url = self.url

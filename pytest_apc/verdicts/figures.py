@@ -131,7 +131,7 @@ class RepeatLocality:
 
 
 def judged_localities(run: RunRecord, settings: Settings) -> list[RepeatLocality]:
-    """Every repeat's locality against the route's promise and --apc-max-routing-cost; a MeasurementError
+    """Every repeat's locality against the route's promise and --apc-set max_routing_cost; a MeasurementError
     when the counters to tell it are missing."""
     promise = locality.held_to(run.key, settings.fleet_promise)
     judged = []

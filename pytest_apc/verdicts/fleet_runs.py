@@ -57,7 +57,7 @@ def prefix_locality(run: RunRecord, settings: Settings) -> Verdict:
     """Cold prefills C against the ideal G (one per prefix group) and against what the route promises;
     the routing cost as extra prefill tokens and as a share of what APC saves on one replica. Fails when
     the route broke its promise (round_robin: even spread; consistent_hash with one key: one replica; an
-    external fleet: its --apc-fleet-promise), when the routing cost exceeds --apc-max-routing-cost, and
+    external fleet: its --apc-set fleet_promise), when the routing cost exceeds --apc-set max_routing_cost, and
     when the replicas' counters do not hold the benchmark's requests (nothing to tell locality from)."""
     judged = Repeats()
     promise = locality.held_to(run.key, settings.fleet_promise)

@@ -22,7 +22,7 @@ PROMISES = {
     "round_robin": "requests spread evenly: replicas differ by at most one request",
     "consistent_hash": "one routing key, one replica: every request of the run on the same replica",
 }
-# What a gateway run elsewhere may promise (--apc-fleet-promise): the two outcomes above, loosened to hold
+# What a gateway run elsewhere may promise (--apc-set fleet_promise): the two outcomes above, loosened to hold
 # for a gateway that balances by load (spread) or routes by prefix or session with many groups (affinity).
 GATEWAY_PROMISES = {
     "spread": "requests spread over the replicas: no replica left idle (each serves at least one request)",
@@ -153,7 +153,7 @@ def _count(run_id: str, name: str, d: Delta, p: Prediction) -> ReplicaCount:
 
 def held_to(key: RunKey, gateway_promise: str) -> str:
     """The promise a fleet run is held to: its router policy's (a key of PROMISES), or for an external fleet
-    the gateway's --apc-fleet-promise (a key of GATEWAY_PROMISES); "" for none."""
+    the gateway's --apc-set fleet_promise (a key of GATEWAY_PROMISES); "" for none."""
     if key.mode.fleet == EXTERNAL_FLEET:
         return "" if gateway_promise == "none" else gateway_promise
     return key.route if key.route in PROMISES else ""
@@ -162,7 +162,7 @@ def held_to(key: RunKey, gateway_promise: str) -> str:
 def promise_text(key: RunKey, promise: str) -> str:
     """What ``promise`` (from ``held_to``) says, or why the route has none."""
     if promise in GATEWAY_PROMISES:
-        return f"{promise} (--apc-fleet-promise): {GATEWAY_PROMISES[promise]}"
+        return f"{promise} (--apc-set fleet_promise): {GATEWAY_PROMISES[promise]}"
     if promise:
         return PROMISES[promise]
     if key.mode.fleet == EXTERNAL_FLEET:
@@ -201,16 +201,16 @@ def promise_problems(locality: Locality, promise: str) -> list[str]:
 
 
 def cost_problems(locality: Locality, max_percent: float | None) -> list[str]:
-    """The routing cost above --apc-max-routing-cost (percent), or untellable while a bound is set."""
+    """The routing cost above --apc-set max_routing_cost (percent), or untellable while a bound is set."""
     if max_percent is None:
         return []
     cost, extra = locality.routing_cost, locality.extra_prefill_tokens
     if cost is None or extra is None:
-        return [f"the routing cost cannot be told (no cold prefills or nothing APC saves), so --apc-max-routing-cost "
-                f"{max_percent:g}% cannot be checked"]  # fmt: skip
+        return [f"the routing cost cannot be told (no cold prefills or nothing APC saves), so "
+                f"--apc-set max_routing_cost={max_percent:g}% cannot be checked"]  # fmt: skip
     if cost * 100 > max_percent:
         return [
-            f"routing cost {cost:.2%} is above --apc-max-routing-cost {max_percent:g}%: {extra:,} extra prefill "
+            f"routing cost {cost:.2%} is above --apc-set max_routing_cost={max_percent:g}%: {extra:,} extra prefill "
             f"tokens of the {locality.prediction.expected_hits:,} APC saves on one server "
             f"({locality.cold_prefills} cold prefills for {locality.ideal} prefix group(s))"
         ]

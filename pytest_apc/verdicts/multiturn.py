@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from pytest_apc.config import gain_required
 from pytest_apc.measure.records import RunRecord
 from pytest_apc.verdicts.pairs import Pair
 from pytest_apc.verdicts.stats import ratio_of_medians
@@ -179,9 +180,9 @@ def late_turns(run: RunRecord) -> list[TurnRecord]:
 
 
 def late_turn_ttft(pair: Pair) -> Verdict:
-    """TTFT of the late turns, every cold repeat pooled, ON against OFF: up to --apc-multiturn-gain-concurrency
+    """TTFT of the late turns, every cold repeat pooled, ON against OFF: up to --apc-set multiturn_gain_concurrency
     the bootstrap interval of median OFF / median ON lies above 1 (as ``ttft_gain``); above it (and at every
-    level when it is 0) it is held to not being slower, within --apc-overhead-tolerance. The message gives the
+    level when it is 0) it is held to not being slower, within --apc-set overhead_tolerance. The message gives the
     gain of every turn index and the prefill bound the history share implies (prompt tokens over the tokens
     left to compute), which the gain should approach as the history grows."""
     ids = [pair.off.key.id, pair.on.key.id]
@@ -196,7 +197,7 @@ def late_turn_ttft(pair: Pair) -> Verdict:
     by_turn_off, by_turn_on = ttft_by_turn(pair.off), ttft_by_turn(pair.on)
     per_turn = {t: by_turn_off[t] / by_turn_on[t] for t in by_turn_on if t in by_turn_off and by_turn_on[t] > 0}
     concurrency, limit = pair.on.key.concurrency, s.multiturn_gain_concurrency
-    must_gain = bool(limit) and concurrency <= limit
+    must_gain = gain_required(limit, concurrency)
     message = (
         f"{pair.id} at concurrency {concurrency}: median TTFT of turns {turns[0]}-{turns[-1]} "
         f"{np.median(off):,.1f} -> {np.median(on):,.1f} ms, gain {gain} next to its prefill bound "
@@ -212,7 +213,7 @@ def late_turn_ttft(pair: Pair) -> Verdict:
         slowdown_low = 1 / gain.high if gain.high else float("inf")
         ok = slowdown_low <= 1 + tol
         message += (
-            f"\n  held to not being slower at concurrency {concurrency} (--apc-multiturn-gain-concurrency "
+            f"\n  held to not being slower at concurrency {concurrency} (--apc-set multiturn_gain_concurrency="
             f"{limit}), tolerance {tol:.0%}"
         )
         if not ok:

@@ -93,7 +93,7 @@ def _diagnose_short(run: RunRecord) -> str:
         )
     return (
         "blocks the GPU cache evicted were neither in the tier nor computed into it in time: check the "
-        "server log for offload errors and the tier size (--apc-offload-tier-gib)"
+        "server log for offload errors and the tier size (--apc-set offload_tier_gib)"
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_apc.config import gain_required
 from pytest_apc.verdicts import figures
 from pytest_apc.verdicts.diagnoses import diagnose_short_hits
 from pytest_apc.verdicts.pairs import Pair
@@ -112,7 +113,7 @@ def ttft_gain(pair: Pair) -> Verdict:
 
 
 def not_slower(pair: Pair) -> Verdict:
-    """APC on is not slower than off beyond --apc-overhead-tolerance (median TTFT interval and duration)."""
+    """APC on is not slower than off beyond --apc-set overhead_tolerance (median TTFT interval and duration)."""
     n = _timing_numbers(pair)
     tol = pair.settings.overhead_tolerance
     # ON/OFF slowdown interval = 1/speedup; significantly slower when its low end is above 1 + tol.
@@ -132,17 +133,16 @@ def not_slower(pair: Pair) -> Verdict:
 
 
 def pure_effect(pair: Pair) -> Verdict:
-    """C/D: a significant TTFT gain up to --apc-pure-gain-concurrency (every level by default, none at -1);
-    above it, not slower."""
-    limit = pair.settings.pure_gain_concurrency
-    if limit >= 0 and (not limit or pair.on.key.concurrency <= limit):
+    """C/D: a significant TTFT gain up to pure_gain_concurrency (0: at no level; all, the default: every
+    level); above it, not slower."""
+    if gain_required(pair.settings.pure_gain_concurrency, pair.on.key.concurrency):
         return ttft_gain(pair)
     return not_slower(pair)
 
 
 def rag_effect(pair: Pair) -> Verdict:
-    """E/F: a significant TTFT gain up to --apc-low-concurrency (0: at no level); above it, queueing dominates
-    TTFT, so not slower."""
-    if pair.on.key.concurrency <= pair.settings.low_concurrency:
+    """E/F: a significant TTFT gain up to low_concurrency (0: at no level; all: every level); above it,
+    queueing dominates TTFT, so not slower."""
+    if gain_required(pair.settings.low_concurrency, pair.on.key.concurrency):
         return ttft_gain(pair)
     return not_slower(pair)

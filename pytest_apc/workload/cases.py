@@ -14,7 +14,7 @@
 | L    | 8K     | turns  | off | multiturn| custom (message lists): G conversations x T turns, one run per turn |
 | M    | 8K     | turns  | on  | multiturn| same                                  |
 
-R is the fleet case: C/D's lengths in G prefix groups (``--apc-prefix-groups``), sent through a router
+R is the fleet case: C/D's lengths in G prefix groups (``--apc-set prefix_groups``), sent through a router
 (one run per route: a router policy, vLLM's data-parallel balancer, or an external gateway) to several
 replicas; its verdicts read every replica's counters (``cold_prefills``).
 

@@ -159,7 +159,9 @@ def shorten(settings: Settings, keys: Iterable[RunKey], context: int) -> str:
     does, or the length settings where no scale does."""
     scale = fitting_scale(settings, keys, context)
     if scale is None:
-        return "shorten the workload (--apc-length-scale, --apc-prefix-len, --apc-input-len, --apc-output-len)"
+        return (
+            "shorten the workload (--apc-length-scale, --apc-set prefix_len, --apc-set input_len, --apc-set output_len)"
+        )
     return f"run with --apc-length-scale {scale:g} (every length scaled; the expected hits follow)"
 
 
@@ -191,7 +193,7 @@ def check(settings: Settings, keys: Iterable[RunKey], context: Context | None) -
     fixes = [shorten(settings, keys, context.tokens), f"leave them out (-m 'not {' and not '.join(sorted(too_long))}')"]
     swept = [k for k in keys if k.concurrency != settings.concurrency and k.case in settings.sweep_cases]
     if any(k.family in too_long for k in swept):
-        fixes[-1] += " (the sweep: --apc-sweep-cases without them)"
+        fixes[-1] += " (the sweep: --apc-set sweep_cases without them)"
     return (
         f"the selected runs do not fit the context of {context.tokens} tokens ({context.source}): "
         f"{'; '.join(parts)}. Fix: {' or '.join(fixes)}"

@@ -6,12 +6,12 @@ Both come from the workload and the model's KV bytes per token, never from a han
                          (MLA models: layers x (kv_lora_rank + qk_rope_head_dim) x bytes per element)
     one request        = blocks of the template header, prompt and output
     GPU cache          = 1.5 requests: one request fits (it never evicts its own prefix), two prefix
-                         groups do not (``--apc-offload-gpu-blocks`` overrides)
+                         groups do not (``--apc-set offload_gpu_blocks`` overrides)
     working set        = every group's prefix and every request's own blocks (suffix and output): the
                          tier keeps every block the GPU cache evicts, so this is what it must hold for no
                          prompt token to be computed twice. A conversation (case M) is one request whose
                          suffix is its whole history, and it leaves one output per turn
-    tier               = 1.5 x the working set, whole GiB (``--apc-offload-tier-gib`` overrides)
+    tier               = 1.5 x the working set, whole GiB (``--apc-set offload_tier_gib`` overrides)
 
 vLLM takes them as ``--num-gpu-blocks-override`` and ``--kv-offloading-size`` (GiB, all tensor-parallel
 ranks together; the native OffloadingConnector, pinned host memory).

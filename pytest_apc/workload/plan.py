@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_apc.config import DATA_PARALLEL, SPEC_BY_NAME, SPECS, Settings, setting_error
+from pytest_apc.config import DATA_PARALLEL, SPEC_BY_NAME, SPECS, Settings, gain_required, setting_error
 from pytest_apc.redaction import redact
 from pytest_apc.workload.cases import (
     CASE_APC,
@@ -139,11 +139,13 @@ def _checks(settings: Settings, planned: Sequence[TestUse]) -> list[tuple[str, C
         ("sweep_cases", lambda use: use.sweep, "no selected test runs the concurrency sweep"),
         *((name, single_server, "no selected test measures a single-server run, so the gate has no run to compare")
           for name in BASELINE_SETTINGS),
-        ("low_concurrency", lambda use: any(k.case == "F" and (not low or k.concurrency <= low) and not k.hash_algo
+        ("low_concurrency", lambda use: any(k.case == "F" and (not low or gain_required(low, k.concurrency))
+                                            and not k.hash_algo
                                             for k in use.keys),
          f"no selected test judges the E/F pair at concurrency {low} or below; {rag_levels}"),
-        ("pure_gain_concurrency", lambda use: any(k.case == "D" and (pure_gain <= 0 or k.concurrency <= pure_gain)
-                                                  and not k.hash_algo for k in use.keys),
+        ("pure_gain_concurrency", lambda use: any(k.case == "D" and not k.hash_algo
+                                                  and (not pure_gain or gain_required(pure_gain, k.concurrency))
+                                                  for k in use.keys),
          f"no selected test judges the C/D pair at concurrency {pure_gain} or below; {pure_levels}"),
         *((name, family(*readers), f"no selected test runs {_cases_in_words(readers)}, the "
                                    f"{'only ' if len(readers) == 1 else ''}cases with this length")
@@ -180,7 +182,7 @@ def unused_settings(
         if not is_explicit(source):
             continue
         value = getattr(settings, name)
-        head = redact(f"{SPEC_BY_NAME[name].option} {_value_text(value)} ({source})")  # a key is never printed
+        head = redact(f"{SPEC_BY_NAME[name].spelled(_value_text(value))} ({source})")  # a key is never printed
         if name in BASELINE_SETTINGS[1:] and not settings.baseline:
             messages.append(f"{head}: no --apc-baseline is given, so the gate does not run")
             continue
@@ -201,8 +203,8 @@ def unused_settings(
 
 
 def fleet_routes(settings: Settings) -> tuple[str, ...]:
-    """The routes the fleet tests measure: the external fleet when one is given (its --apc-route-label), else
-    every router policy, and vLLM's data-parallel balancer when --apc-data-parallel-size is set."""
+    """The routes the fleet tests measure: the external fleet when one is given (its --apc-set route_label), else
+    every router policy, and vLLM's data-parallel balancer when --apc-set data_parallel_size is set."""
     if settings.fleet_url:
         return (settings.route_label,)
     return settings.router_policies + ((DATA_PARALLEL,) if settings.data_parallel_size else ())
@@ -252,7 +254,7 @@ def parametrization(cases: str, options: Mapping[str, Any], settings: Settings) 
         levels = settings.offload_concurrency
         if options.get("sequential"):  # a check that holds at concurrency 1 only
             if 1 not in levels:
-                reason = f"concurrency 1 is not in --apc-offload-concurrency {','.join(map(str, levels))}"
+                reason = f"concurrency 1 is not in --apc-set offload_concurrency={','.join(map(str, levels))}"
                 return skipped(RunKey(cases[0], levels[0]), "no-c1", reason)
             levels = (1,)
     if any(CASE_FAMILY[c] == "multiturn" for c in cases):
@@ -272,7 +274,8 @@ def parametrization(cases: str, options: Mapping[str, Any], settings: Settings) 
             policies = () if settings.fleet_url else settings.router_policies
             if not policies:
                 reason = (
-                    "case M behind a router needs the launched vllm-router (--apc-router-policies, no --apc-fleet-url)"
+                    "case M behind a router needs the launched vllm-router (--apc-set router_policies, no "
+                    "--apc-fleet-url)"
                 )
                 return skipped(RunKey(cases[0], max(levels), route="none"), "no-router", reason)
             keys = [RunKey(case, max(levels), route=policy) for case in cases for policy in policies]
@@ -280,14 +283,14 @@ def parametrization(cases: str, options: Mapping[str, Any], settings: Settings) 
     if options.get("fleet"):
         routes = fleet_routes(settings)
         if not routes:
-            reason = "no route to measure: --apc-router-policies is empty and --apc-data-parallel-size is 0"
+            reason = "no route to measure: --apc-set router_policies is empty and --apc-set data_parallel_size is 0"
             return skipped(RunKey(cases[0], levels[0], route="none"), "no-routes", reason)
         keys = [RunKey(case, settings.concurrency, route=route) for case in cases for route in routes]
         return [RunParam(key.id, key.id) for key in keys]
     if options.get("sweep"):
         swept = "".join(c for c in cases if c in settings.sweep_cases)
         if not swept:
-            reason = f"cases {cases} are not in --apc-sweep-cases {settings.sweep_cases}"
+            reason = f"cases {cases} are not in --apc-set sweep_cases={settings.sweep_cases}"
             return skipped(RunKey(cases[0], levels[0]), "not-swept", reason)
         cases = swept
     algos: tuple[str, ...] = ("",)
