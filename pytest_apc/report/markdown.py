@@ -27,6 +27,7 @@ def _table(kind: type[Row], rows: Sequence[Row]) -> str:
 def markdown(view: ReportView) -> str:
     lines = ["# APC validation", "", f"Model `{view.model}`, profile `{view.profile}`.", ""]
     lines += [f"- {line}" for line in server_lines(view.servers, view.launches)]
+    lines += ["", f"**{view.fit}**"] if view.fit else []
     if view.pairs:
         lines += ["", _table(PairRow, view.pairs), ""]
     if view.algos:

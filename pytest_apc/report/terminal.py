@@ -299,6 +299,8 @@ def summary_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Ma
     legend = "" if fleet_only else "; TTFT OFF>ON; gain = median TTFT OFF/ON"
     lines.append((f"model {model} ({view.profile} profile){legend}", {}))
     lines += [(line, {}) for line in server_lines(view.servers, view.launches)]
+    if view.fit:
+        lines.append((view.fit, {"yellow": True, "bold": True}))
     if view.pairs:
         lines.append((table(view.pairs, verbose=verbose), {}))
     if view.algos:

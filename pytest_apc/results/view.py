@@ -30,6 +30,7 @@ class ReportView:
     results: str = ""  # where the results file is
     fleet: list[FleetRow] = field(default_factory=list)  # one row per fleet run
     offload: list[TierRow] = field(default_factory=list)  # one row per offload run
+    fit: str = ""  # how the runs were fitted to the model's context (results.json's fit.summary); "" they fit
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any], path: str) -> ReportView:
@@ -48,6 +49,7 @@ class ReportView:
             results=path,
             fleet=FleetRow.typed(doc.get("fleet") or []),
             offload=TierRow.typed(doc.get("offload") or []),
+            fit=str((doc.get("fit") or {}).get("summary") or ""),
         )
 
     def cases(self) -> list[str]:
