@@ -264,3 +264,33 @@ def test_a_baseline_whose_lengths_were_fitted_is_held_to_the_scale_it_was_asked_
     fitted = fit.Fitted(2048, "x", fit.SCALED, 0.0625, 0.03125)
     path.write_text(json.dumps({**old, "fit": fitted.as_dict()}))
     assert Baseline.at_configure(settings).path == str(path)
+
+
+def test_runs_on_a_server_run_elsewhere_that_do_not_fit_the_scale_given_skip(tmp_path: Path, run_inner) -> None:
+    """--apc-length-scale 0.0625 given, an external APC-on server of 3000 tokens: D (2384) is measured, F
+    (4320) skips naming the scale at which it fits, and the table says so."""
+    from tests.test_faults import fake_args
+
+    (tmp_path / "test_df.py").write_text(
+        "import pytest\n\n@pytest.mark.apc_cases('FD')\ndef test_one(apc_run):\n    assert apc_run.repeats\n"
+    )
+    on, url = _fake(tmp_path, 3000)
+    try:
+        args = [arg for arg in fake_args() if not arg.startswith("--apc-length-scale")]
+        inner = run_inner(*args, f"--apc-url-on={url}", "--apc-length-scale=0.0625", "-rs")
+        assert inner.ret == 0, inner.output
+        assert "1 passed, 1 skipped" in inner.output
+        assert (
+            "run F-c8 needs 4,320 tokens (prompt 4048 + output 16 + 256 for the chat template), more than the "
+            f"3,000-token context (max_model_len 3000 in /v1/models of {url}) at --apc-length-scale 0.0625 (option "
+            "--apc-length-scale); to measure it: run with --apc-length-scale 0.042"
+        ) in inner.output
+        table = inner.output.split("apc validation", 1)[1]
+        line = f"runs F-c8 skipped: longer than a 3,000-token context (max_model_len 3000 in /v1/models of {url})"
+        assert f"\n{line}" in table
+        (results,) = tmp_path.glob("apc-results/*/results.json")
+        doc = json.loads(results.read_text())
+        assert [run["id"] for run in doc["runs"]] == ["D-c8"]
+        assert list(doc["fit"]["skipped"]) == ["F-c8"]
+    finally:
+        on.kill()

@@ -73,11 +73,11 @@ class ApcSession:
         Under xdist the store's lock makes sure one deployment runs at a time on the node and each mode is
         measured by one worker only; the others adopt its runs.
         """
-        if key not in self.measured.records and key not in self.measured.errors:
+        if not self._done(key):
             self.plan.add([key])
             with self.store.lock():
                 self.load_store()
-                if key not in self.measured.records and key not in self.measured.errors:
+                if not self._done(key):
                     if key.mode in self.measured.done_modes:
                         # Not planned at collection: measuring it now would need a second launch.
                         raise MeasurementError(
@@ -86,17 +86,19 @@ class ApcSession:
                         )
                     if not self.measured.done_modes and not self._external_fitted:
                         self._fit_external()
-                    if key in self.measured.errors or self._skipped(key):
-                        self.store.save(self.measured)
-                    else:
+                    if not self._done(key):
                         self._measure_mode(key.mode)
-                        self.store.save(self.measured)
+                    self.store.save(self.measured)
         skipped = self._skipped(key)
         if skipped:
             raise RunSkipped(skipped)
         if key in self.measured.errors:
             raise MeasurementError(self.measured.errors[key])
         return self.measured.records[key]
+
+    def _done(self, key: RunKey) -> bool:
+        """Whether ``key`` was measured, failed, or is skipped (too long for the context)."""
+        return key in self.measured.records or key in self.measured.errors or self._skipped(key) is not None
 
     def _skipped(self, key: RunKey) -> str | None:
         """Why ``key`` is not measured because it does not fit the context (None: it is measured)."""
@@ -149,7 +151,11 @@ class ApcSession:
 
     def _measure_mode(self, mode: ServerMode) -> None:
         # Each run's workload, built once: the deployment is sized for it and the measurement sends it.
-        runs = [PlannedRun(key, workload_for(key.family, self.settings)) for key in self.plan.runs_on(mode)]
+        runs = [
+            PlannedRun(key, workload_for(key.family, self.settings))
+            for key in self.plan.runs_on(mode)
+            if not self._skipped(key)  # too long for the context at the scale the user set
+        ]
         self.measured.done_modes.add(mode)
         self._stop_active()
         missing = missing_requirement(mode, self.settings)
