@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_apc.config import CPU_LENGTH_SCALE, Settings
+from pytest_apc.config import CPU_LENGTH_SCALE, EXTERNAL_FLEET, Settings
 from pytest_apc.measure.records import Measured
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.report.markdown import markdown
@@ -185,6 +185,10 @@ def test_a_server_run_elsewhere_says_its_context_in_v1_models(tmp_path: Path) ->
             1500, f"max_model_len 1500 in /v1/models of {url}"
         )
         assert external_context(settings, [ServerMode(False)]) is None  # the OFF server is launched
+        fleet = default_settings("gpu", fleet_url="http://gateway", metrics_url=(url,), replica_api_key="k")
+        assert external_context(fleet, [ServerMode(True, fleet=EXTERNAL_FLEET)]) == fit.Context(
+            1500, f"max_model_len 1500 in /v1/models of {url}"
+        )  # its replicas', asked with their own key
         named = replace(settings, served_model_name="other", sources={"served_model_name": "option"})
         assert served_max_model_len(http_session("", ""), url, named) is None  # it serves apc-model
     finally:
