@@ -396,9 +396,10 @@ class Settings:
         "",
         (
             "Serve a known architecture shape with random weights instead of a model (llama-3.1-8b, "
-            "llama-3.1-70b): a generated config and tokenizer, --load-format pytest_apc_dummy (vLLM's dummy weights, "
-            "redrawn so that answers depend on the prompt). For validating a node or a vLLM build before weights "
-            "are staged; answers are random text but each prompt's own, APC and timing are real"
+            "llama-3.1-70b; tiny-32k: the tiny model with the context a 32K model has at the CPU profile's 1/16 "
+            "lengths, 2,288 tokens): a generated config and tokenizer, --load-format pytest_apc_dummy (vLLM's "
+            "dummy weights, redrawn so that answers depend on the prompt). For validating a node or a vLLM build "
+            "before weights are staged; answers are random text but each prompt's own, APC and timing are real"
         ),
         "SHAPE",
         brief="Random weights of a shape: llama-3.1-8b, llama-3.1-70b",

@@ -28,7 +28,7 @@ import pytest
 from pytest_apc import arguments, redaction, report
 from pytest_apc import config as apc_config
 from pytest_apc.gate.baseline import Baseline, Refused, read_baseline
-from pytest_apc.measure.records import MeasurementError, RunRecord
+from pytest_apc.measure.records import MeasurementError, RunRecord, RunSkipped
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.results import document as results
 from pytest_apc.serving import preflight
@@ -319,13 +319,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             session.plan.add(runs)
             undeclared += not runs
     if session is not None and settings is not None:
+        _fit_runs(config, session, settings, items)
         _warn_unused_settings(config, settings, session, items)
-        launched = [key for key in session.plan.keys if preflight.launched_here(key.mode, settings)]
-        too_long = fit.check(settings, launched, fit.model_context(settings))  # servers run elsewhere: at readiness
-        if too_long and not _is_worker(config):
-            raise pytest.UsageError(too_long)
-        if too_long:
-            session.refuse_runs(too_long)  # an xdist worker cannot stop the session: its runs fail with it
         if BASELINE_KEY in config.stash:
             try:  # the selected runs are known: enough repeats of each the baseline has, before any server starts
                 config.stash[BASELINE_KEY].check_runs(session.plan.keys)
@@ -337,6 +332,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not selected:
             _no_apc_test(config)
         _hold_the_node(config, preflight.node_lock_needed(settings, session.plan.keys, undeclared))
+
+
+def _fit_runs(
+    config: pytest.Config, session: ApcSession, settings: apc_config.Settings, items: list[pytest.Item]
+) -> None:
+    """The planned runs on launched servers against the model's context (servers run elsewhere: at the
+    session's first measurement): their lengths scaled, or the tests of runs that do not fit skipped; a
+    selection of which nothing fits is refused."""
+    launched = [key for key in session.plan.keys if preflight.launched_here(key.mode, settings)]
+    try:
+        fitted = fit.fit_runs(settings, launched, fit.model_context(settings))
+    except fit.DoesNotFit as err:
+        if not _is_worker(config):
+            raise pytest.UsageError(str(err)) from None
+        session.refuse_runs(str(err))  # an xdist worker cannot stop the session: its runs fail with it
+        return
+    if fitted is None:
+        return
+    session.apply_fit(fitted)
+    config.stash[SETTINGS_KEY] = session.settings
+    for item in items:
+        reasons = [fitted.skipped[key.id] for key in _runs_of(item) if key.id in fitted.skipped]
+        if reasons:
+            item.add_marker(pytest.mark.skip(reason=reasons[0]))
 
 
 def _no_apc_test(config: pytest.Config) -> None:
@@ -446,10 +465,18 @@ def apc_session(pytestconfig: pytest.Config) -> ApcSession:
     return session
 
 
+def _get(session: ApcSession, key: RunKey) -> RunRecord:
+    """The measured run for ``key``; the test skips when the run does not fit the model's context."""
+    try:
+        return session.get(key)
+    except RunSkipped as err:
+        pytest.skip(str(err))
+
+
 @pytest.fixture
 def apc_run(request: pytest.FixtureRequest, apc_session: ApcSession) -> RunRecord:
     """One measured run, e.g. ``D-c8`` (parametrize with ``@pytest.mark.apc_cases``)."""
-    record = apc_session.get(RunKey.parse(request.param))
+    record = _get(apc_session, RunKey.parse(request.param))
     report.record_properties(request.node, record)
     return record
 
@@ -457,7 +484,7 @@ def apc_run(request: pytest.FixtureRequest, apc_session: ApcSession) -> RunRecor
 @pytest.fixture
 def apc_default_run(apc_run: RunRecord, apc_session: ApcSession) -> RunRecord:
     """For a run with a hash algorithm (``D-c8-xxhash``): the same case on the default APC-on server."""
-    default = apc_session.get(RunKey(apc_run.key.case, apc_run.key.concurrency))
+    default = _get(apc_session, RunKey(apc_run.key.case, apc_run.key.concurrency))
     _require_comparable(default, apc_run)
     return default
 
@@ -466,7 +493,7 @@ def apc_default_run(apc_run: RunRecord, apc_session: ApcSession) -> RunRecord:
 def apc_pair(request: pytest.FixtureRequest, apc_session: ApcSession) -> Pair:
     """The OFF and ON run of one pair at one concurrency (parametrize with the ON case, e.g. ``D-c8``)."""
     off_key, on_key = RunKey.parse(request.param).pair()
-    off, on = apc_session.get(off_key), apc_session.get(on_key)
+    off, on = _get(apc_session, off_key), _get(apc_session, on_key)
     _require_comparable(off, on)
     pair = Pair(off=off, on=on, settings=apc_session.settings, runs=apc_session.measured.records)
     report.record_properties(request.node, pair.on)

@@ -384,7 +384,7 @@ def test_the_round_barrier_is_checked_from_send_and_first_token_times() -> None:
 
 
 def test_late_turns_own_the_rule_they_were_held_to() -> None:
-    """``held_to`` of multiturn_ttft: faster up to --apc-multiturn-gain-concurrency, not slower above it; a
+    """``held_to`` of multiturn_ttft: faster up to --apc-set multiturn_gain_concurrency, not slower above it; a
     file written before verdicts carried it reads the same rule from ``numbers.gain_required``."""
     from pytest_apc.verdicts.verdict import FASTER, NOT_SLOWER, held_to
 

@@ -30,7 +30,7 @@ def test_an_unknown_model_shape_is_refused(pytester: pytest.Pytester) -> None:
     with pytest.raises(
         apc_config.SettingError,
         match=r"^Invalid apc_model_shape 'llama-9b' from environment variable PYTEST_APC_MODEL_SHAPE: must be one "
-        r"of llama-3.1-8b, llama-3.1-70b$",
+        r"of llama-3.1-8b, llama-3.1-70b, tiny-32k$",
     ):
         plan.check_settings(settings_)
     plan.check_settings(replace(settings_, model_shape="llama-3.1-70b"))
@@ -255,19 +255,44 @@ def apc_suite(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def test_the_context_is_checked_against_the_selected_tests_at_collection(apc_suite: pytest.Pytester) -> None:
-    """At full scale, --apc-max-model-len 40960 holds -m pure; -m apc (E/F: 65280) is refused in one line
-    with the scale that fits, and runs at that scale."""
-    full = ("--collect-only", "-q", "--cpu-node", "--apc-max-model-len=40960")
-    assert apc_suite.runpytest(*full, "--apc-length-scale=1", "-m", "pure").ret == pytest.ExitCode.OK
-    result = apc_suite.runpytest(*full, "--apc-length-scale=1", "-m", "apc")
+    """At full scale, --apc-max-model-len 40960 holds -m pure. -m apc at the scale the user set (1): E/F
+    (65280) are skipped, each with the scale at which it fits, and the rest is planned; -m rag alone, of which
+    nothing fits, is refused in one line with the scale that fits, and runs at that scale."""
+    full = ("--collect-only", "--cpu-node", "--apc-max-model-len=40960", "--apc-length-scale=1")
+    assert apc_suite.runpytest(*full, "-q", "-m", "pure").ret == pytest.ExitCode.OK
+    result = apc_suite.runpytest(*full, "-m", "apc")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(
+        ["*FITTED TO THE CONTEXT: runs E-c1, E-c2, E-c4, E-c8, F-c1, F-c2, F-c4, F-c8 skipped: longer than a "
+         "40,960-token context (option --apc-max-model-len) at --apc-length-scale 1; to measure them: run with "
+         "--apc-length-scale 0.625 (every length scaled; the expected hits follow)"]
+    )  # fmt: skip
+    result = apc_suite.runpytest(*full, "-q", "-m", "rag")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
         ["ERROR: the selected runs do not fit the context of 40960 tokens (option --apc-max-model-len): cases E/F "
-         "(run E-c*) need 65280 tokens (prompt 64768 + output 256 + 256 for the chat template). Fix: "
+         "(run E-c8) need 65280 tokens (prompt 64768 + output 256 + 256 for the chat template). Fix: "
          "run with --apc-length-scale 0.625 (every length scaled; the expected hits follow) or leave them out "
-         "(-m 'not rag') (the sweep: --apc-set sweep_cases without them)"]
+         "(-m 'not rag')"]
     )  # fmt: skip
-    assert apc_suite.runpytest(*full, "--apc-length-scale=0.625", "-m", "apc").ret == pytest.ExitCode.OK
+    assert apc_suite.runpytest(*full[:-1], "--apc-length-scale=0.625", "-m", "apc").ret == pytest.ExitCode.OK
+
+
+def test_a_selection_too_long_for_the_context_is_scaled_when_no_scale_is_set(apc_suite: pytest.Pytester) -> None:
+    """The CPU profile's own scale (1/16) against a 2,048-token context: -m pure fits at 1/2 of it, -m apc (E/F)
+    at 1/4; said at collection, every test kept."""
+    run = ("--collect-only", "--cpu-node", "--apc-max-model-len=2048")
+    result = apc_suite.runpytest(*run, "-m", "pure and not sweep")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(
+        ["*FITTED TO THE CONTEXT: lengths scaled by 1/2 to fit a 2,048-token context (option --apc-max-model-len): "
+         "length scale 0.03125 in place of 0.0625 (set --apc-length-scale to choose one)"]
+    )  # fmt: skip
+    result = apc_suite.runpytest(*run, "-m", "apc")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(
+        ["*FITTED TO THE CONTEXT: lengths scaled by 1/4 to fit a 2,048-token context *", "*47/68 tests*"]
+    )
 
 
 def test_a_models_config_gives_the_context_at_collection(apc_suite: pytest.Pytester) -> None:

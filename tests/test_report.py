@@ -330,7 +330,7 @@ def test_a_pair_verdict_says_what_its_ttft_was_held_to_in_every_output(pytester)
     """PASS beside a gain under 1x reads "PASS not slower" when the pair was held only to not being slower,
     in the terminal table, summary.md and results.json alike; a file written before the rule was stored reads
     the same from its verdicts."""
-    s = settings(pytester, "--apc-low-concurrency=1")
+    s = settings(pytester, "--apc-set=low_concurrency=1")
     pairs = []
     for c, ttft_on in ((1, 40.0), (8, 110.0)):
         off = record(s, "E", c, off_delta(s, "E"), 100.0)

@@ -326,7 +326,7 @@ def test_a_timing_verdict_owns_the_rule_it_held_the_pair_to(pytester) -> None:
     from the verdict's name."""
     from pytest_apc.verdicts.verdict import FASTER, NOT_SLOWER, found, held_to
 
-    s = settings(pytester, "--apc-low-concurrency=1")
+    s = settings(pytester, "--apc-set=low_concurrency=1")
     off1, on1 = record(s, "E", 1, delta(0, 0), 80.0), record(s, "F", 1, delta(1, 0), 40.0)
     off8, on8 = record(s, "E", 8, delta(0, 0), 80.0), record(s, "F", 8, delta(1, 0), 79.0)
     low, high = verdicts.rag_effect(verdicts.Pair(off1, on1, s)), verdicts.rag_effect(verdicts.Pair(off8, on8, s))

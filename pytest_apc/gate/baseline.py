@@ -45,12 +45,18 @@ class Baseline:
     @classmethod
     def at_configure(cls, settings: Settings) -> Baseline:
         """``settings.baseline`` read, checked (:class:`Refused` otherwise) and comparable with what this run
-        will measure, as far as that is known before a server starts."""
+        will measure, as far as that is known before a server starts (before the selected runs are fitted to
+        the model's context: a baseline whose lengths were fitted is held to the scale it was asked for, and
+        the gate compares the scales measured)."""
         results = read_baseline(settings.baseline)
         model = planned_model(settings)
         here: dict[str, Any] = {"profile": settings.profile, "model": model or "", "settings": settings.as_dict(),
                                 "servers": []}  # fmt: skip
-        found = [d for d in compare.differences(here, results.data) if model or d["what"] != "model"]
+        there = results.data
+        if there.get("fit"):  # its lengths were fitted to its model's context: compare the scale it was asked for
+            asked = there["fit"]["requested_length_scale"]
+            there = {**there, "settings": {**there["settings"], "length_scale": asked}}
+        found = [d for d in compare.differences(here, there) if model or d["what"] != "model"]
         if found:
             raise Refused(compare.not_comparable(settings.baseline, found))
         calibration = compare.calibration_of(results)

@@ -20,11 +20,17 @@ from pytest_apc.measure.answers import Probe
 from pytest_apc.serving import metrics
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.workload.cases import Prediction, RunKey, ServerMode, Workload
+from pytest_apc.workload.fit import Fitted
 from pytest_apc.workload.multiturn import TurnRecord
 
 
 class MeasurementError(AssertionError):
     """A run that could not be measured; the message says what happened and how to reproduce it."""
+
+
+class RunSkipped(Exception):
+    """A run not measured because it does not fit the model's context at the length scale the user set: the
+    tests that use it skip with this reason (``fit.Fitted.skipped``)."""
 
 
 @dataclass
@@ -348,6 +354,7 @@ class Measured:
     warnings: list[str] = field(default_factory=list)
     server_seconds: float = 0.0  # starting and stopping servers
     model: str | None = None  # what the launched servers loaded
+    fit: Fitted | None = None  # how the selected runs were fitted to the model's context (None: they fit)
 
     def adopt(self, other: Measured) -> None:
         """Take in what another process of this run measured (it only ever adds)."""
@@ -359,6 +366,7 @@ class Measured:
         self.warnings = list(dict.fromkeys(self.warnings + other.warnings))
         self.server_seconds = max(self.server_seconds, other.server_seconds)
         self.model = self.model or other.model
+        self.fit = other.fit or self.fit
 
     def to_state(self) -> dict[str, Any]:
         """JSON-ready data (``from_state`` reads it back)."""
@@ -371,6 +379,7 @@ class Measured:
             "warnings": self.warnings,
             "server_seconds": self.server_seconds,
             "model": self.model,
+            "fit": self.fit.as_dict() if self.fit else None,
         }
 
     @classmethod
@@ -385,6 +394,7 @@ class Measured:
             warnings=list(state["warnings"]),
             server_seconds=float(state["server_seconds"]),
             model=state["model"],
+            fit=Fitted.from_dict(state["fit"]) if state.get("fit") else None,
         )
 
 

@@ -13,21 +13,22 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from pytest_apc.config import Settings
 from pytest_apc.measure.bench import BenchError, BenchRunner
-from pytest_apc.measure.records import Measured, MeasurementError, RunRecord
+from pytest_apc.measure.records import Measured, MeasurementError, RunRecord, RunSkipped
 from pytest_apc.measure.run import Measurer
 from pytest_apc.measure.store import RunStore
 from pytest_apc.serving import metrics
-from pytest_apc.serving.deployment import Deployment, deployment_for, served_model
+from pytest_apc.serving.deployment import Deployment, deployment_for, external_context, served_model
 from pytest_apc.serving.interface import ServerError, ServerInfo
 from pytest_apc.serving.logwatch import tail
-from pytest_apc.serving.preflight import missing_requirement
+from pytest_apc.serving.preflight import launched_here, missing_requirement
 from pytest_apc.workload.cases import OFFLOAD_TIER, RunKey, ServerMode, workload_for
+from pytest_apc.workload.fit import DoesNotFit, Fitted, fit_runs
 from pytest_apc.workload.offload import OffloadSizes
 from pytest_apc.workload.plan import Plan, PlannedRun
 
@@ -59,6 +60,7 @@ class ApcSession:
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     _active: Deployment | None = None
     _bench: BenchRunner | None = None
+    _external_fitted: bool = False  # the servers run elsewhere were asked their context
 
     def __post_init__(self) -> None:
         self.store = RunStore(self.run_dir)
@@ -71,34 +73,89 @@ class ApcSession:
         Under xdist the store's lock makes sure one deployment runs at a time on the node and each mode is
         measured by one worker only; the others adopt its runs.
         """
-        if key not in self.measured.records and key not in self.measured.errors:
+        if not self._done(key):
             self.plan.add([key])
             with self.store.lock():
                 self.load_store()
-                if key not in self.measured.records and key not in self.measured.errors:
+                if not self._done(key):
                     if key.mode in self.measured.done_modes:
                         # Not planned at collection: measuring it now would need a second launch.
                         raise MeasurementError(
                             f"run {key.id} was not planned at collection and its {key.mode.name} server is "
                             "already stopped"
                         )
-                    self._measure_mode(key.mode)
+                    if not self.measured.done_modes and not self._external_fitted:
+                        self._fit_external()
+                    if not self._done(key):
+                        self._measure_mode(key.mode)
                     self.store.save(self.measured)
+        skipped = self._skipped(key)
+        if skipped:
+            raise RunSkipped(skipped)
         if key in self.measured.errors:
             raise MeasurementError(self.measured.errors[key])
         return self.measured.records[key]
 
+    def _done(self, key: RunKey) -> bool:
+        """Whether ``key`` was measured, failed, or is skipped (too long for the context)."""
+        return key in self.measured.records or key in self.measured.errors or self._skipped(key) is not None
+
+    def _skipped(self, key: RunKey) -> str | None:
+        """Why ``key`` is not measured because it does not fit the context (None: it is measured)."""
+        return self.measured.fit.skipped.get(key.id) if self.measured.fit else None
+
+    def _fit_external(self) -> None:
+        """Before the first measurement: the planned runs on servers run elsewhere against the context their
+        ``/v1/models`` says, fitted as launched servers' runs are at collection (a scale for every run, on
+        top of the one fitted then; or theirs skipped). A selection of which none fits is left to their
+        readiness, which refuses it with the --max-model-len to restart them with."""
+        self._external_fitted = True
+        external = [key for key in self.plan.keys if not launched_here(key.mode, self.settings)]
+        context = external_context(self.settings, sorted({key.mode for key in external}))
+        try:
+            fitted = fit_runs(self.settings, [k for k in external if not self._skipped(k)], context)
+        except DoesNotFit:
+            return  # their readiness refuses them, naming the --max-model-len to restart with as well
+        if fitted is None:
+            return
+        before = self.measured.fit
+        if before is not None:  # launched servers' runs fitted at collection: one fit for the whole session
+            fitted = replace(fitted, requested=before.requested, skipped={**before.skipped, **fitted.skipped})
+        self.settings = fitted.apply(self.settings)
+        self.measured.fit = fitted
+        self.progress(f"FITTED TO THE CONTEXT: {fitted.summary}")
+
     def load_store(self) -> None:
-        """Adopt what any process of this run has measured."""
+        """Adopt what any process of this run has measured (and the lengths it measured them at)."""
         stored = self.store.load()
         if stored is not None:
             self.measured.adopt(stored)
+        if self.measured.fit is not None:
+            self.settings = self.measured.fit.apply(self.settings)
+
+    def apply_fit(self, fitted: Fitted) -> None:
+        """Measure the planned runs as ``fitted`` says (at collection, before anything is measured): every
+        workload at its length scale, without the runs it skips; said at once, and kept for the results
+        file (an xdist worker's in the store, where the controller and the other workers read it)."""
+        self.settings = fitted.apply(self.settings)
+        self.plan.keys -= {key for key in self.plan.keys if key.id in fitted.skipped}
+        self.progress(f"FITTED TO THE CONTEXT: {fitted.summary}")
+        self.measured.fit = fitted
+        if self.is_worker:
+            with self.store.lock():
+                self.load_store()
+                self.measured.fit = fitted
+                self.store.save(self.measured)
 
     # -- one mode: deployment up, every planned run, deployment down -------------------------------------
 
     def _measure_mode(self, mode: ServerMode) -> None:
         # Each run's workload, built once: the deployment is sized for it and the measurement sends it.
-        runs = [PlannedRun(key, workload_for(key.family, self.settings)) for key in self.plan.runs_on(mode)]
+        runs = [
+            PlannedRun(key, workload_for(key.family, self.settings))
+            for key in self.plan.runs_on(mode)
+            if not self._skipped(key)  # too long for the context at the scale the user set
+        ]
         self.measured.done_modes.add(mode)
         self._stop_active()
         missing = missing_requirement(mode, self.settings)

@@ -47,6 +47,7 @@ def verdicts_line(verdicts: Sequence[Mapping[str, Any]]) -> str:
 def markdown(view: ReportView) -> str:
     lines = ["# APC validation", "", f"Model `{view.model}`, profile `{view.profile}`.", ""]
     lines += [f"- {line}" for line in server_lines(view.servers, view.launches)]
+    lines += ["", f"**{view.fit}**"] if view.fit else []
     if view.pairs:
         lines += ["", _table(PairRow, view.pairs), ""]
         legend = pair_legend(view.pairs)

@@ -319,6 +319,8 @@ def summary_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Ma
     legend = "" if fleet_only else f"; TTFT, tok/s, E2E: APC off{ARROW}on; gain = median TTFT off/on"
     lines.append((f"model {model} ({view.profile} profile){legend}", {}))
     lines += [(line, {}) for line in server_lines(view.servers, view.launches)]
+    if view.fit:
+        lines.append((view.fit, {"yellow": True, "bold": True}))
     if view.pairs:
         lines.append((table(view.pairs, verbose=verbose), {}))
         held = pair_legend(view.pairs)

@@ -36,6 +36,7 @@ def document(settings: Settings, measured: Measured, model: str, started_at: str
         "profile": settings.profile,
         "model": model,
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in settings.as_dict().items()},
+        **({"fit": measured.fit.as_dict()} if measured.fit else {}),
         "server_launches": dict(measured.launches),
         "servers": [info.__dict__ for info in measured.servers.values()],
         "runs": [r.to_json() for r in records],

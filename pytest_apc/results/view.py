@@ -32,6 +32,7 @@ class ReportView:
     fleet: list[FleetRow] = field(default_factory=list)  # one row per fleet run
     offload: list[TierRow] = field(default_factory=list)  # one row per offload run
     tests: Mapping[str, int] = field(default_factory=dict)  # pytest's count of its tests by outcome, as it printed
+    fit: str = ""  # how the runs were fitted to the model's context (results.json's fit.summary); "" they fit
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any], path: str) -> ReportView:
@@ -58,6 +59,7 @@ class ReportView:
             fleet=FleetRow.typed(doc.get("fleet") or []),
             offload=TierRow.typed(doc.get("offload") or []),
             tests=dict(doc.get("tests") or {}),
+            fit=str((doc.get("fit") or {}).get("summary") or ""),
         )
 
     def cases(self) -> list[str]:

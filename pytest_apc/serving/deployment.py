@@ -11,7 +11,8 @@ offload case's) for as long as that mode's runs take; what the session needs fro
 * ``Fleet`` (fleet.py): replicas behind a router, launched (vllm-router, one policy per run) or run
   elsewhere (``--apc-fleet-url`` and each replica's ``--apc-metrics-url``).
 
-Also here: what a launched server gets (its model, context, tensor-parallel size, GPUs or cores). What is
+Also here: what a launched server gets (its model, context, tensor-parallel size, GPUs or cores), and the
+context servers run elsewhere say they have (``external_context``). What is
 checked before any server starts is in ``preflight.py``. A new kind implements ``Deployment`` and gets a
 branch in ``deployment_for``.
 """
@@ -20,9 +21,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from pytest_apc.config import Settings
 from pytest_apc.serving.client import http_session
@@ -251,6 +253,37 @@ def external_url(mode: ServerMode, settings: Settings) -> str:
     if mode.hash_algo or mode.fleet or mode.cache:
         return ""
     return settings.url_on if mode.apc else settings.url_off
+
+
+def external_context(settings: Settings, modes: Iterable[ServerMode]) -> fit.Context | None:
+    """The shortest context of the servers run elsewhere that serve ``modes``, as each one's ``/v1/models``
+    lists it (vLLM's ``max_model_len`` of the served model): asked once, before anything is measured, so that
+    the runs on them are fitted like those on launched servers. None when none says (not reachable yet,
+    another server): their readiness checks the context again."""
+    found: list[fit.Context] = []
+    for mode in modes:
+        if mode.fleet == EXTERNAL_FLEET:  # the replicas' own credential, as at readiness
+            urls, key = settings.metrics_url, settings.replica_api_key or settings.api_key
+        else:
+            urls, key = (external_url(mode, settings),), settings.api_key
+        for url in filter(None, urls):
+            tokens = served_max_model_len(http_session(key, settings.ca_bundle), url, settings)
+            if tokens:
+                found.append(fit.Context(tokens, f"max_model_len {tokens} in /v1/models of {url}"))
+    return min(found, key=lambda context: context.tokens) if found else None
+
+
+def served_max_model_len(http: Any, url: str, settings: Settings) -> int | None:
+    """``max_model_len`` of the model a server serves (--apc-set served_model_name, else its only one) in its
+    ``/v1/models``; None when it does not answer or does not say."""
+    try:
+        models = http.get(f"{url}/v1/models", timeout=5).json().get("data") or []
+    except Exception:  # noqa: BLE001 - not up yet, or not an OpenAI server: its readiness says which
+        return None
+    named = settings.served_model_name if given(settings, "served_model_name") else ""
+    entries = [m for m in models if isinstance(m, dict) and (m.get("id") == named or (not named and len(models) == 1))]
+    tokens = entries[0].get("max_model_len") if entries else None
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else None
 
 
 def offload_sizes(settings: Settings, model: str, workload: Workload) -> OffloadSizes:

@@ -1,20 +1,23 @@
 """Workloads that fit the model: the context a launched server has (``model_context``, from
-``--apc-max-model-len`` or the model's config.json), the ``--max-model-len`` it is launched with
-(``launch_len``: the longest *selected* request and room for the chat template), and the check of the
-selected runs against that context (``check``), whose message gives the ``--apc-length-scale`` at which
-they fit.
+``--apc-max-model-len`` or the model's config.json; a server run elsewhere says its own in ``/v1/models``),
+the ``--max-model-len`` it is launched with (``launch_len``: the longest *selected* request and room for the
+chat template), and how the selected runs are fitted to a context too short for them (``fit_runs``).
 
-A selection that does not fit is refused, not shrunk behind the user's back: the lengths are part of what
-is measured (a baseline of other lengths is not comparable), so the user chooses the scale. Any scale keeps
-the prediction exact, since every workload and its expected hits are computed from the scaled lengths.
+Where the user did not set ``--apc-length-scale``, every length is scaled by the largest power-of-two
+fraction (1/2, 1/4, ...) at which all selected runs fit: one factor for the whole run, so the cases keep
+their ratios, and runs on models of similar contexts compare. Where the user set it, their scale is kept
+and the runs that do not fit are skipped, each with the scale at which it would fit. Either way the table
+and results.json say so (``Fitted``, results.json's ``fit``). A selection of which nothing fits is refused
+in one line with the fix (``check``). Any scale keeps the prediction exact: every workload and its
+expected hits are computed from the scaled lengths, after the server's block size is known.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from pytest_apc.workload.cases import (
     workload_for,
 )
 from pytest_apc.workload.models import LLAMA_31_COMMON, MODEL_CONFIG, SHAPES
+from pytest_apc.workload.plan import is_explicit
 
 # Room for the chat template on top of a request's prompt and output, and the step --max-model-len is
 # rounded to.
@@ -43,6 +47,12 @@ LENGTH_KEYS = (
 ALREADY_SCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 # The step of a suggested --apc-length-scale.
 SCALE_STEP = 1000
+# How a selection was fitted (``Fitted.rule``): its lengths scaled, or its runs that do not fit skipped.
+SCALED, SKIPPED = "scaled", "skipped"
+# The most halvings tried before a selection counts as one that no scale fits (1/1024 of every length).
+MAX_HALVINGS = 10
+# The lengths the scale must leave at one token or more (config's own check of the requested scale).
+SCALED_LENGTHS = ("prefix_len", "rag_prefix_len", "input_len", "suffix_len", "output_len")
 
 
 @dataclass(frozen=True)
@@ -198,3 +208,111 @@ def check(settings: Settings, keys: Iterable[RunKey], context: Context | None) -
         f"the selected runs do not fit the context of {context.tokens} tokens ({context.source}): "
         f"{'; '.join(parts)}. Fix: {' or '.join(fixes)}"
     )
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """How the selected runs were fitted to a ``context`` too short for them (``source``: where it was
+    learned): their lengths scaled from the ``requested`` length scale to ``length_scale`` (rule SCALED), or
+    the runs that do not fit skipped (rule SKIPPED; ``skipped``: run id -> why). results.json keeps it as
+    ``fit`` (``as_dict``), the table shows ``summary``."""
+
+    context: int
+    source: str
+    rule: str
+    requested: float
+    length_scale: float
+    skipped: dict[str, str] = field(default_factory=dict)
+    fix: str = ""  # SKIPPED: how to measure the skipped runs too
+
+    @property
+    def factor(self) -> float:
+        """What every length was multiplied by on top of the requested scale (1 for SKIPPED)."""
+        return self.length_scale / self.requested
+
+    @property
+    def summary(self) -> str:
+        """The line above the table: "lengths scaled by 1/2 to fit a 2,048-token context (...): ..."."""
+        tokens = f"{self.context:,}"
+        where = f"{'an' if tokens.startswith(('8', '11,', '18,')) else 'a'} {tokens}-token context ({self.source})"
+        if self.rule == SCALED:
+            return (
+                f"lengths scaled by 1/{round(1 / self.factor)} to fit {where}: length scale "
+                f"{self.length_scale:g} in place of {self.requested:g} (set --apc-length-scale to choose one)"
+            )
+        return (
+            f"runs {', '.join(self.skipped)} skipped: longer than {where} at --apc-length-scale "
+            f"{self.requested:g}; to measure them: {self.fix}"
+        )
+
+    def apply(self, settings: Settings) -> Settings:
+        """``settings`` with the lengths this fit measures (the requested ones when it skipped runs)."""
+        return replace(settings, length_scale=self.length_scale)
+
+    def as_dict(self) -> dict[str, Any]:
+        """results.json's ``fit`` (and the xdist store's): every field and the summary."""
+        return {
+            "context": self.context, "source": self.source, "rule": self.rule, "requested_length_scale": self.requested,
+            "length_scale": self.length_scale, "skipped": dict(self.skipped), "fix": self.fix, "summary": self.summary,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Fitted:
+        return cls(
+            int(data["context"]), str(data["source"]), str(data["rule"]), float(data["requested_length_scale"]),
+            float(data["length_scale"]), {str(k): str(v) for k, v in (data.get("skipped") or {}).items()},
+            str(data.get("fix") or ""),
+        )  # fmt: skip
+
+
+def _fits(settings: Settings, keys: Sequence[RunKey], context: int) -> bool:
+    return all(need(workload_for(key.family, settings)) <= context for key in keys)
+
+
+def halved_scale(settings: Settings, keys: Sequence[RunKey], context: int) -> float | None:
+    """The largest length scale of the form ``settings.length_scale / 2**k`` (k >= 1) at which every run of
+    ``keys`` fits ``context`` and every length stays a token or more; None when none does."""
+    for halvings in range(1, MAX_HALVINGS + 1):
+        scale = settings.length_scale / 2**halvings
+        if any(round(getattr(settings, name) * scale) < 1 for name in SCALED_LENGTHS):
+            return None
+        if _fits(replace(settings, length_scale=scale), keys, context):
+            return float(scale)
+    return None
+
+
+class DoesNotFit(ValueError):
+    """No run of the selection fits the context: the one-line message of ``check``, with the fix."""
+
+
+def fit_runs(settings: Settings, keys: Iterable[RunKey], context: Context | None) -> Fitted | None:
+    """How the selected runs ``keys`` are fitted to ``context``: None when they fit it (or it is unknown).
+
+    The user did not set --apc-length-scale: every length scaled by the largest power-of-two fraction at
+    which all of them fit (SCALED). The user set it: their scale kept, and the runs that do not fit skipped,
+    each with the scale at which it would (SKIPPED). Raises DoesNotFit when no scale fits or every run would
+    be skipped: nothing could be measured."""
+    keys = sorted(keys)
+    problem = check(settings, keys, context)
+    if problem is None or context is None:
+        return None
+    if not is_explicit(settings.sources.get("length_scale")):
+        scale = halved_scale(settings, keys, context.tokens)
+        if scale is None:
+            raise DoesNotFit(problem)
+        return Fitted(context.tokens, context.source, SCALED, settings.length_scale, scale)
+    too_long = [key for key in keys if need(workload_for(key.family, settings)) > context.tokens]
+    if len(too_long) == len(keys):
+        raise DoesNotFit(problem)
+    given = settings.sources.get("length_scale")
+    skipped = {
+        key.id: (
+            f"run {key.id} needs {need(workload_for(key.family, settings)):,} tokens "
+            f"({need_in_words(workload_for(key.family, settings))}), more than the {context.tokens:,}-token context "
+            f"({context.source}) at --apc-length-scale {settings.length_scale:g} ({given}); to measure it: "
+            f"{shorten(settings, [key], context.tokens)}"
+        )
+        for key in too_long
+    }
+    fix = shorten(settings, too_long, context.tokens)
+    return Fitted(context.tokens, context.source, SKIPPED, settings.length_scale, settings.length_scale, skipped, fix)

@@ -71,6 +71,13 @@ SHAPES: dict[str, dict[str, Any]] = {
                      "num_attention_heads": 32, "num_key_value_heads": 8},
     "llama-3.1-70b": {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
                       "num_attention_heads": 64, "num_key_value_heads": 8},
+    # A 32K-context model as --cpu-node measures it: the tiny model's architecture with the context that a
+    # 32,768-token one has at the CPU profile's 1/16 lengths. The chat template's 256 tokens of room are not
+    # scaled: 32768 / 16 + 256 x 15 / 16 = 2,288 tokens, at which the selected runs are fitted by the same
+    # factor as on a 32K model at full length (-m apc: 1/2).
+    "tiny-32k": {**{key: MODEL_CONFIG[key] for key in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                       "num_attention_heads", "num_key_value_heads", "head_dim")},
+                 "max_position_embeddings": 2288, "rope_scaling": None, "torch_dtype": "float32"},
 }  # fmt: skip
 LLAMA_31_COMMON: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "head_dim": 128, "hidden_act": "silu",
