@@ -93,7 +93,7 @@ def test_the_installed_console_script_prints_the_version_and_runs_the_commands(i
 # docs say so beside them. Every other command runs from an empty folder with the installed wheel alone.
 NEEDS_A_CHECKOUT = ("bash", "pip", "sudo")
 MAIN_JOB = "pytest-apc -m apc --cpu-node"  # run on real vLLM by tests/test_e2e_cpu.py, from the wheel too
-MODEL_PATHS = re.compile(r"^(/models/|/path/to/)")
+MODEL_PATHS = re.compile(r"(/models/|/path/to/)[\w.-]+")
 # The fake server in place of vLLM, at lengths and counts that keep each command to seconds.
 FAKE = {
     "num_prompts": "4", "length_scale": "0.01", "startup_timeout": "20", "stop_timeout": "3",
@@ -130,7 +130,7 @@ def documented_commands(page: Path) -> list[list[str]]:
 
 def _fake_args(words: list[str], model: str) -> list[str]:
     """``words`` with every model path of the docs replaced by the generated tiny model's."""
-    return [model if MODEL_PATHS.match(w) else w for w in words]
+    return [MODEL_PATHS.sub(model, w) for w in words]
 
 
 def test_every_readme_and_quickstart_command_runs_from_an_empty_folder(installed: Path, tmp_path: Path) -> None:
