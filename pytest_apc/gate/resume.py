@@ -84,7 +84,7 @@ class Resume:
             raise Refused(_refusal(folder, found))
         written = {str(s.get("mode")): s for s in results.data.get("servers") or [] if isinstance(s, Mapping)}
         modes = {run.server.mode for run in results.runs}
-        return cls(folder, results, {mode: server_from_json(written[mode]) for mode in modes if mode in written})
+        return cls(folder, results, {mode: server_from_json(s) for mode, s in written.items() if mode in modes})
 
     def adopt(self, session: ApcSession) -> None:
         """Start ``session`` (the controller's, or the only one) with every run the earlier results file holds,
