@@ -162,7 +162,7 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
     if winput is not None and "apc_run_dir" in winput:
         run_dir = Path(winput["apc_run_dir"])
     elif resume is not None:
-        run_dir = resume.folder  # the earlier session's folder, continued
+        run_dir = resume.folder.absolute()  # the earlier session's folder, continued
     else:
         # Relative to where pytest was run, whatever rootdir pytest chose.
         root = config.invocation_params.dir / settings.results_dir

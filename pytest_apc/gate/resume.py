@@ -66,7 +66,10 @@ class Resume:
         if not folder.is_dir():
             raise Refused(f"cannot resume {folder}: no such folder (the run folder of an earlier session)")
         if not path.is_file():
-            raise Refused(f"cannot resume {folder}: it has no results file {path} (nothing was measured there)")
+            raise Refused(
+                f"cannot resume {folder}: it has no results file {path} (nothing was measured there, or the "
+                "earlier session wrote it elsewhere: give its --apc-json too)"
+            )
         try:
             results = read(path, "results file to resume")
         except BadResults as err:
