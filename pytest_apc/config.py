@@ -600,6 +600,20 @@ class Settings:
         "PATH",
         brief="An earlier results.json to gate this run against",
     )
+    resume: str = setting(
+        _str,
+        "",
+        (
+            "The run folder of an earlier session to continue (a pre-empted or interrupted job; its results file "
+            "is results.json there, or the json setting's): every run that file holds is kept, only the runs it lacks "
+            "are measured (a server whose runs are all there is not started) and the merged results are written "
+            "there. Refused (exit code 4), naming what differs, when the commit, the pytest-apc version, a "
+            "setting that changes what is measured or a server's build (vLLM, model, block size, layout, GPUs) "
+            "is not the earlier session's"
+        ),
+        "DIR",
+        brief="An interrupted run's folder to continue: only the runs it lacks are measured",
+    )
     baseline_false_alarm: float = setting(
         _fraction,
         0.01,

@@ -28,6 +28,7 @@ import pytest
 from pytest_apc import arguments, redaction, report
 from pytest_apc import config as apc_config
 from pytest_apc.gate.baseline import Baseline, Refused, read_baseline
+from pytest_apc.gate.resume import Resume
 from pytest_apc.measure.records import MeasurementError, RunRecord, RunSkipped
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.results import document as results
@@ -49,9 +50,11 @@ REPORTER = "apc-reporter"  # the controller's ControllerReporter, as registered
 # A file in the run's process registry: an xdist worker's selected tests may start a server on this node.
 NODE_LOCK_WANTED = "node-lock-wanted"
 BASELINE_KEY = pytest.StashKey[Baseline]()
-# Files in the run's process registry: a process refused the baseline (the run exits with the usage-error
-# status); an xdist worker selected no APC test (the controller writes no results, and says why).
-BASELINE_REFUSED = "baseline-refused"
+RESUME_KEY = pytest.StashKey[Resume]()  # --apc-resume: the earlier session's folder, read and checked
+# Files in the run's process registry: a process refused the baseline, or the session it resumes, once a
+# server was up (the run exits with the usage-error status); an xdist worker selected no APC test (the
+# controller writes no results, and says why).
+REFUSED = "refused"
 NO_APC_TEST = "no-apc-test"
 NO_APC_TEST_KEY = pytest.StashKey[str]()  # why no APC test runs, on the controller
 NO_PROFILE_SKIPS_KEY = pytest.StashKey[int]()  # selected APC tests skipped for want of a profile
@@ -143,6 +146,11 @@ def pytest_configure(config: pytest.Config) -> None:
                 read_baseline(settings.baseline)
         except Refused as err:
             raise pytest.UsageError(str(err)) from None
+    if settings.resume and settings.enabled:
+        try:  # before anything runs: an earlier session this one cannot continue is known now
+            config.stash[RESUME_KEY] = Resume.at_configure(settings)
+        except Refused as err:
+            raise pytest.UsageError(str(err)) from None
     if not _is_worker(config):
         missing = preflight.missing_benchmark(settings)
         if missing:
@@ -171,8 +179,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSession:
     """The run's session; xdist workers share the controller's run folder (and so its store and lock)."""
     winput = getattr(config, "workerinput", None)
+    resume = config.stash.get(RESUME_KEY, None)
     if winput is not None and "apc_run_dir" in winput:
         run_dir = Path(winput["apc_run_dir"])
+    elif resume is not None:
+        run_dir = resume.folder.absolute()  # the earlier session's folder, continued
     else:
         # Relative to where pytest was run, whatever rootdir pytest chose.
         root = config.invocation_params.dir / settings.results_dir
@@ -188,9 +199,14 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
         settings=settings, run_dir=run_dir, json_path=json_path, progress=progress, is_worker=winput is not None
     )
     session.publish = lambda: results.publish(session)
-    baseline = config.stash.get(BASELINE_KEY, None)
-    if baseline is not None:
-        session.refuse = lambda: _noted_refusal(baseline.refusal(session))
+    # Asked once a server is up: the session this one resumes first, then the baseline.
+    refusals = [check for check in (resume, config.stash.get(BASELINE_KEY, None)) if check is not None]
+    if refusals:
+        session.refuse = lambda: _noted_refusal(next(filter(None, (c.refusal(session) for c in refusals)), None))
+    if resume is not None and winput is None:
+        resume.adopt(session)  # xdist workers adopt the runs from the store
+        if config.pluginmanager.has_plugin("dsession"):  # the workers plan: the controller says what it adopted
+            progress(resume.progress_line(session.measured))
     session.on_run = report.RunProgress(session, progress)
     return session
 
@@ -219,9 +235,10 @@ def pytest_configure_node(node: Any) -> None:
 
 
 def _noted_refusal(refusal: str | None) -> str | None:
-    """A refusal of the baseline, left in the run's process registry for the controller's exit status."""
+    """A refusal (of the baseline or of the session this one resumes), left in the run's process registry for
+    the controller's exit status."""
     if refusal is not None:
-        (procs.registry_dir() / BASELINE_REFUSED).write_text(refusal)
+        (procs.registry_dir() / REFUSED).write_text(refusal)
     return refusal
 
 
@@ -331,6 +348,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 _noted_refusal(str(err))
         if not selected:
             _no_apc_test(config)
+        if RESUME_KEY in config.stash and not _is_worker(config):
+            session.progress(config.stash[RESUME_KEY].progress_line(session.measured, session.plan))
         _hold_the_node(config, preflight.node_lock_needed(settings, session.plan.keys, undeclared))
 
 
@@ -546,20 +565,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     apc = session.config.stash.get(SESSION_KEY, None)
     if apc is not None:
         apc.close()  # the controller's reporter writes the final results once, after this
-    if session.exitstatus == pytest.ExitCode.TESTS_FAILED and _baseline_refused(session.config):
-        # The tests failed because the baseline could not judge them: no regression, a usage error.
+    if session.exitstatus == pytest.ExitCode.TESTS_FAILED and _refused(session.config):
+        # The tests failed because the baseline could not judge them, or the session this one resumes cannot
+        # be continued: no regression, a usage error.
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
 
-def _baseline_refused(config: pytest.Config) -> bool:
-    """The controller's run refused its baseline: at collection (an xdist worker), once a server was up, or
-    in the gate at the end (without a regression)."""
-    if _is_worker(config) or BASELINE_KEY not in config.stash:
+def _refused(config: pytest.Config) -> bool:
+    """The controller's run refused its baseline (at collection (an xdist worker), once a server was up, or in
+    the gate at the end, without a regression), or the session it resumes once a server was up."""
+    if _is_worker(config):
         return False
     reporter = config.pluginmanager.get_plugin(REPORTER)
-    if reporter is not None and reporter.gate.refused_to_judge:
+    if BASELINE_KEY in config.stash and reporter is not None and reporter.gate.refused_to_judge:
         return True
-    return (procs.registry_dir() / BASELINE_REFUSED).is_file()
+    return (procs.registry_dir() / REFUSED).is_file()
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -22,7 +22,6 @@ from typing import Any
 
 from pytest_apc.config import Settings
 from pytest_apc.gate import compare, noise
-from pytest_apc.measure.provenance import environment
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.results import document
 from pytest_apc.results.reader import BadResults, Results, read
@@ -31,7 +30,8 @@ from pytest_apc.workload.models import shape_model_name, tiny_model_name
 
 
 class Refused(Exception):
-    """A baseline this run cannot be judged against; the message says which file and why."""
+    """A results file this run cannot use: a baseline it cannot be judged against, or an earlier session it
+    cannot continue (:mod:`pytest_apc.gate.resume`); the message says which file and why, on one line."""
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,7 @@ class Baseline:
     def refusal(self, session: ApcSession) -> str | None:
         """Why no more runs may be measured, asked once a server is up: the baseline is not comparable with
         what this session measured so far (its servers' block sizes and layouts, the GPUs, the model)."""
-        here: dict[str, Any] = document.of_session(
-            session, {"environment": environment(session.measured.servers, session.run_dir.parent)}
-        )
+        here: dict[str, Any] = document.of_session(session)
         found = compare.differences(here, self.results.data)
         return compare.not_comparable(self.path, found) if found else None
 

@@ -1,12 +1,14 @@
 """Where this ran: versions, devices, parallel layout, commit (the ``environment`` block of results.json).
 
 The baseline gate reads it: another GPU model or count, tensor- or data-parallel size, dtype or KV-cache
-dtype makes two runs incomparable; another vLLM or torch version is what a release gate compares.
+dtype makes two runs incomparable; another vLLM or torch version is what a release gate compares. A
+session that resumes an earlier one (``--apc-resume``) is held to the same, and to the same commit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import os
 import platform
@@ -62,6 +64,7 @@ def layouts(servers: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str | N
     return {str(server.get("mode")): server_layout(server) for server in servers}
 
 
+@functools.cache  # one nvidia-smi call per process: results.json carries the environment from its first write
 def gpu_names() -> tuple[list[str], list[str]]:
     """(the model name of every GPU of the node, those of the GPUs this process may use), from one
     nvidia-smi call; ([], []) without GPUs."""
@@ -76,6 +79,12 @@ def _version(distribution: str) -> str | None:
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         return importlib.metadata.version(distribution)
     return None
+
+
+@functools.cache
+def git_commit(results_dir: Path) -> str | None:
+    """The commit of the results folder's repository, else of the one pytest runs in."""
+    return _run("git", "-C", str(results_dir), "rev-parse", "HEAD") or _run("git", "rev-parse", "HEAD")
 
 
 def environment(servers: Mapping[str, ServerInfo], results_dir: Path) -> dict[str, Any]:
@@ -99,7 +108,6 @@ def environment(servers: Mapping[str, ServerInfo], results_dir: Path) -> dict[st
         "gpu_count": len(visible),
         "layout": layouts(info.__dict__ for info in servers.values()),
         "vllm_router": router,  # the router a launched fleet ran behind
-        # The results folder's repository, else the one pytest ran in.
-        "git_commit": _run("git", "-C", str(results_dir), "rev-parse", "HEAD") or _run("git", "rev-parse", "HEAD"),
+        "git_commit": git_commit(results_dir),
         "argv": sys.argv,
     }

@@ -4,7 +4,9 @@ At collection the plugin adds every run the selected tests need to the plan. The
 for a run of a server mode triggers *all* planned runs of that mode, on one fresh deployment that is
 stopped afterwards. So whatever tests are selected and in whatever order: one launch per mode, never two
 servers alive at once, every run measured once and shared (with xdist workers through the store).
-Every finished run is written to the results file at once, so a later crash loses nothing.
+Every finished run is written to the results file (and the store) at once, so a later crash loses nothing,
+and a session that resumes this one (``--apc-resume``) starts with every run measured: it measures only the
+planned runs it lacks, and starts no server for a mode whose runs are all there.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class ApcSession:
     # results file from it, so a later crash loses nothing.
     publish: Callable[[], None] = lambda: None
     # Asked once a server is up: why no run may be measured any more (a baseline that, now that the
-    # server's block size and the GPUs are known, this run cannot be compared with); None to go on.
+    # server's block size and the GPUs are known, this run cannot be compared with, or an earlier session
+    # this one resumes whose servers were another build); None to go on.
     refuse: Callable[[], str | None] = lambda: None
     is_worker: bool = False  # an xdist worker: measures and shares, the controller reports
     plan: Plan = field(default_factory=Plan)
@@ -150,11 +153,12 @@ class ApcSession:
     # -- one mode: deployment up, every planned run, deployment down -------------------------------------
 
     def _measure_mode(self, mode: ServerMode) -> None:
-        # Each run's workload, built once: the deployment is sized for it and the measurement sends it.
+        # Each run's workload, built once: the deployment is sized for it and the measurement sends it. A run
+        # already measured (adopted from the session this one resumes) is not measured again.
         runs = [
             PlannedRun(key, workload_for(key.family, self.settings))
             for key in self.plan.runs_on(mode)
-            if not self._skipped(key)  # too long for the context at the scale the user set
+            if key not in self.measured.records and not self._skipped(key)  # skipped: too long for the context
         ]
         self.measured.done_modes.add(mode)
         self._stop_active()
@@ -240,6 +244,8 @@ class ApcSession:
                     f"run {key.id}" if alive else f"run {key.id} (the server died during it)"
                 )
             self.on_run(key, time.monotonic() - started)
+            # The store (held by get's lock) keeps each finished run in full, for a session that resumes this one.
+            self.store.save(self.measured)
             self.publish()
 
     def _probe_chat_header(self, deployment: Deployment) -> None:

@@ -2,8 +2,9 @@
 
 Under pytest-xdist every worker is its own session. A file lock makes sure one server runs at a time on
 the node and each server mode is measured by one worker only; the others adopt its runs from a JSON file
-written next to the lock (the pattern pytest-xdist documents for session-scoped work). Plain JSON, never
-pickles: a store file is data, not code.
+written next to the lock (the pattern pytest-xdist documents for session-scoped work). Saved after every
+run, it keeps each finished run in full (per-request samples, generated texts), which a session resuming
+the folder (``--apc-resume``) adopts. Plain JSON, never pickles: a store file is data, not code.
 """
 
 from __future__ import annotations

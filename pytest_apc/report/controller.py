@@ -14,7 +14,6 @@ import pytest
 
 from pytest_apc.gate.baseline import Baseline
 from pytest_apc.gate.compare import Gate, compare_documents
-from pytest_apc.measure.provenance import environment
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.redaction import redact
 from pytest_apc.report.markdown import markdown
@@ -83,9 +82,7 @@ class ControllerReporter:
         """This session's results document as results.json holds it, built once: what every report reads."""
         if self._document is None:
             data = self.report_data()  # first: under xdist it loads what the workers measured
-            report = {"environment": environment(self.apc.measured.servers, self.apc.run_dir.parent),
-                      **report_blocks(data, self.gate, dict(self.tests))}  # fmt: skip
-            self._document = results.of_session(self.apc, report)
+            self._document = results.of_session(self.apc, report_blocks(data, self.gate, dict(self.tests)))
         return self._document
 
     def view(self) -> ReportView:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_apc.config import Settings
+from pytest_apc.measure.provenance import environment
 from pytest_apc.measure.records import Measured
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.redaction import redact
@@ -35,7 +36,7 @@ def document(settings: Settings, measured: Measured, model: str, started_at: str
         "started_at": started_at,
         "profile": settings.profile,
         "model": model,
-        "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in settings.as_dict().items()},
+        "settings": as_written(settings),
         **({"fit": measured.fit.as_dict()} if measured.fit else {}),
         "server_launches": dict(measured.launches),
         "servers": [info.__dict__ for info in measured.servers.values()],
@@ -44,6 +45,11 @@ def document(settings: Settings, measured: Measured, model: str, started_at: str
         "warnings": measured.warnings,
         "timing": timing(measured, elapsed_s),
     }
+
+
+def as_written(settings: Settings) -> dict[str, Any]:
+    """The settings as the file's ``settings`` block holds them (a tuple is a list)."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in settings.as_dict().items()}
 
 
 def timing(measured: Measured, elapsed_s: float) -> dict[str, Any]:
@@ -65,12 +71,14 @@ def timing(measured: Measured, elapsed_s: float) -> dict[str, Any]:
 
 
 def of_session(session: ApcSession, report: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The session's results document: what it measured so far and ``report`` (the controller's part:
-    environment, verdicts, rows, gate), in the file's order. "verdicts" is required by the schema; until
-    the controller's final write it is empty."""
+    """The session's results document: what it measured so far, where it ran (the environment: its commit
+    and versions, from the first write on, so that a session resuming an interrupted one can check them) and
+    ``report`` (the controller's part: verdicts, rows, gate), in the file's order. "verdicts" is required by
+    the schema; until the controller's final write it is empty."""
     measured = document(session.settings, session.measured, session.json_model(), session.started_at,
                         session.elapsed_s())  # fmt: skip
-    return with_blocks(measured, {"verdicts": [], **(report or {})})
+    where = environment(session.measured.servers, session.run_dir.parent)
+    return with_blocks(measured, {"verdicts": [], "environment": where, **(report or {})})
 
 
 def with_blocks(doc: Mapping[str, Any], blocks: Mapping[str, Any]) -> dict[str, Any]:
