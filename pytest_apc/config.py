@@ -402,7 +402,7 @@ class Settings:
             "before weights are staged; answers are random text but each prompt's own, APC and timing are real"
         ),
         "SHAPE",
-        brief="Random weights of a shape: llama-3.1-8b, llama-3.1-70b",
+        brief="Random weights of a shape: llama-3.1-8b, llama-3.1-70b, tiny-32k",
     )
     tokenizer: str = setting(
         _str,
