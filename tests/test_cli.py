@@ -602,7 +602,7 @@ def test_the_readme_says_how_to_measure_a_baseline_as_the_refusal_does(
 
     needed = SPEC_BY_NAME["baseline_repeats"].default
     readme = " ".join((REPO / "README.md").read_text().split())
-    assert f"`pytest-apc -m apc --gpu-node --apc-repeats {needed}`" in readme
+    assert f"`pytest-apc -m apc --gpu-node --apc-model /models/Llama-3.1-70B --apc-repeats {needed}`" in readme
     assert f"naming `--apc-repeats {needed}`" in readme
     one = _doc(SAME[0])
     for run in one["runs"]:  # a default run: its first repeat only
