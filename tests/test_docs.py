@@ -1294,3 +1294,12 @@ def test_cpu_answers_page_table_is_what_the_power_script_prints_of_its_files() -
     healthy = [r for r in records if r["shape"] == "none"]
     assert "Ten healthy sessions" in page
     assert len(healthy) == 10
+
+
+def test_cpu_example_is_what_its_script_runs() -> None:
+    """The example's page names the script that made it, and the run's command line is the script's."""
+    script = (REPO / "scripts" / "cpu-example.sh").read_text()
+    assert "bash scripts/cpu-example.sh" in (DOCS / "results" / "cpu" / "README.md").read_text()
+    argv = _cpu_example()["environment"]["argv"]
+    assert argv[1:5] == ["tests_apc", "-m", "apc and not sweep", "--cpu-node"]
+    assert 'python -m pytest tests_apc -m "apc and not sweep" --cpu-node -p no:cacheprovider' in script
