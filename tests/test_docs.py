@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import re
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -47,16 +48,23 @@ def test_docs_links_resolve() -> None:
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
 
 
-def test_fail_fast_table_matches_its_results_file() -> None:
-    """The timings on the troubleshooting page are the ones the benchmark script wrote, rendered by it."""
+def _script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` loaded as a module (the scripts are not a package)."""
     import importlib.util
-    import json
 
-    spec = importlib.util.spec_from_file_location("failfast_timing", REPO / "scripts" / "failfast_timing.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     assert spec is not None
     assert spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fail_fast_table_matches_its_results_file() -> None:
+    """The timings on the troubleshooting page are the ones the benchmark script wrote, rendered by it."""
+    import json
+
+    script = _script("failfast_timing")
     data = json.loads((REPO / "docs" / "results" / "failfast" / "failfast.json").read_text())
     page = (REPO / "docs" / "troubleshooting.md").read_text()
     table = page[page.index("<!-- failfast-table") :].splitlines()[3:]
@@ -1279,14 +1287,9 @@ def test_h200_multiturn_page_shows_its_files(monkeypatch: pytest.MonkeyPatch, ca
 
 
 def test_cpu_answers_page_table_is_what_the_power_script_prints_of_its_files() -> None:
-    import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("answers_power", REPO / "scripts" / "answers_power.py")
-    assert spec is not None
-    assert spec.loader is not None
-    power = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(power)
+    power = _script("answers_power")
     folder = DOCS / "results" / "cpu-answers"
     records = [r for path in sorted(folder.glob("sessions-*.json")) for r in json.loads(path.read_text())]
     page = (folder / "README.md").read_text()
