@@ -260,9 +260,10 @@ def test_calibrate_refuses_files_the_gate_would_not_compare(capsys: pytest.Captu
     copy = tmp_path / "copy.json"
     status, lines, err = _cli(capsys, "calibrate", str(CPU), str(SAME[0]), "--write", str(copy))
     assert (status, lines) == (4, [])
+    tiny = Path(_doc(CPU)["model"]).name  # the CPU example's generated model
     assert err.splitlines() == [
         f"python -m pytest_apc calibrate: {SAME[0]} is not comparable with {CPU} (the gate's rule): profile gpu here "
-        "vs cpu there; model llama-3.1-8b-shape-v1-e18e6ae6be32 vs tiny-llama-v2-25e64708e12f; length_scale 1.0 vs "
+        f"vs cpu there; model llama-3.1-8b-shape-v1-e18e6ae6be32 vs {tiny}; length_scale 1.0 vs "
         "0.0625; block_size 16 vs 128; gpu_count 1 vs 0; calibrate runs of one build, measured alike on one kind of "
         "node"
     ]
