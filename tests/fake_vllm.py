@@ -188,6 +188,8 @@ def answer_logprobs(prompt: list[int], max_tokens: int, top: int) -> dict[str, A
 class Engine:
     """Counters and the prefix-cache model; every method takes the lock (the server is threaded)."""
 
+    hash_algo = "sha256"  # what cache_config_info reports (--prefix-caching-hash-algo); the model is one hash
+
     def __init__(
         self, prefix_caching: bool, block_size: int, external_tier: bool = False, gpu_blocks: int = 0,
         tier_gib: float = 0.0, tier_survives_reset: bool = False, restart_after: int | None = None,
@@ -283,7 +285,7 @@ class Engine:
             f'num_gpu_blocks="{self.gpu_blocks or KV_CACHE_TOKENS // bs}",'
             f'kv_cache_size_tokens="{(self.gpu_blocks * bs) or KV_CACHE_TOKENS}",'
             f'kv_offloading_size="{self.tier_gib or None}",'
-            'prefix_caching_hash_algo="sha256",gpu_memory_utilization="0.9"'
+            f'prefix_caching_hash_algo="{self.hash_algo}",gpu_memory_utilization="0.9"'
         )
         with self.lock:
             by_source: list[tuple[str, float]] = [(f'{lab},source="{s}"', self.by_source[s]) for s in SOURCES]
@@ -562,6 +564,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-gpu-blocks-override", type=int, default=0)
+    p.add_argument("--prefix-caching-hash-algo", default="sha256")
     p.add_argument("--kv-offloading-size", type=float, default=0.0)
     p.add_argument("--fake-startup-delay", type=float, default=0.2)
     p.add_argument("--fake-die-after-requests", type=int, default=None)
@@ -716,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
         args.enable_prefix_caching, args.block_size, args.fake_external_tier, args.num_gpu_blocks_override,
         args.kv_offloading_size, args.fake_tier_survives_reset, args.fake_restart_after_requests,
     )  # fmt: skip
+    engine.hash_algo = args.prefix_caching_hash_algo
     server = FakeServer((args.host, args.port), args, engine)
     scheme = "http"
     if args.fake_tls:  # as vLLM's --ssl-certfile/--ssl-keyfile: https on the same port
