@@ -211,7 +211,6 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
     return session
 
 
-@pytest.hookimpl(optionalhook=True)
 def _refuse_values_taken_for_test_paths(config: pytest.Config) -> None:
     """A usage error when pytest chose its rootdir from an ``--apc-x PATH`` value (see ``arguments``): the
     project's ini file, with any apc_* keys in it, went unread."""
@@ -225,6 +224,7 @@ def _refuse_values_taken_for_test_paths(config: pytest.Config) -> None:
         )
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist controller: workers share this run's owner tag and process registry (for the reaper)."""
     node.workerinput["apc_owner"] = procs.owner_tag()

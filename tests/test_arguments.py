@@ -43,3 +43,11 @@ def test_a_rootdir_taken_from_an_option_value_is_a_usage_error(pytester: pytest.
     # Joined, pytest keeps the project's rootdir (and reads its ini).
     ran = pytester.runpytest_subprocess("--cpu-node", f"--apc-model={model}", "--co")
     assert ran.ret == pytest.ExitCode.NO_TESTS_COLLECTED, ran.outlines + ran.errlines
+
+
+def test_the_plugin_loads_without_xdist(pytester: pytest.Pytester) -> None:
+    """pytest-xdist is optional: its hooks are the plugin's optional hooks, so pytest without xdist loads it
+    (with pytest_configure_node a required hook, it stops with an internal error)."""
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    ran = pytester.runpytest_subprocess("-p", "no:xdist")
+    assert ran.ret == pytest.ExitCode.OK, ran.outlines + ran.errlines
