@@ -48,11 +48,11 @@ def test_docs_links_resolve() -> None:
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
 
 
-def _script(name: str) -> ModuleType:
-    """``scripts/<name>.py`` loaded as a module (the scripts are not a package)."""
+def _script(name: str, folder: Path = REPO / "scripts") -> ModuleType:
+    """``<folder>/<name>.py`` (``scripts/`` unless given) loaded as a module (the scripts are not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -1297,6 +1297,23 @@ def test_cpu_answers_page_table_is_what_the_power_script_prints_of_its_files() -
     healthy = [r for r in records if r["shape"] == "none"]
     assert "Ten healthy sessions" in page
     assert len(healthy) == 10
+
+
+def test_h200_exact_page_table_is_what_its_script_prints_of_its_answers(capsys, monkeypatch) -> None:
+    """The batch-invariant page's table is compare.py's grouping of the answers file the page holds."""
+    folder = DOCS / "results" / "h200-exact"
+    compare = _script("compare", folder)
+    monkeypatch.setattr(compare.sys, "argv", ["compare.py", "--groups", str(folder / "exact.json.gz")])
+    compare.main()
+    printed = capsys.readouterr().out
+    assert printed == (folder / "groups.txt").read_text()
+    assert f"<!-- groups -->\n```\n{printed}```" in (folder / "README.md").read_text()
+    runs = compare.load(str(folder / "exact.json.gz"))
+    # The page's claims: one server is exact with itself under load; the fault parts on every request.
+    groups = {what: found for what, _, found in compare.groups(runs)}
+    assert groups["S: cached/uncached, c8/c1, with each other"]["same"] == (24, 24)
+    assert groups["F under load (F8) against S"]["same"] == (0, 0)
+    assert groups["O against S"]["same"] == (0, 0)
 
 
 def test_cpu_example_is_what_its_script_runs() -> None:
