@@ -20,8 +20,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run(*args: str | Path, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
+def run(
+    *args: str | Path, cwd: Path, timeout: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")} | (
+        env or {}
+    )
     return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -32,9 +36,9 @@ NOT_SOURCES = shutil.ignore_patterns(
 )  # fmt: skip
 
 
-def _built(command: list[str | Path], cwd: Path, out: Path, pattern: str) -> Path:
+def _built(command: list[str | Path], cwd: Path, out: Path, pattern: str, env: dict[str, str] | None = None) -> Path:
     """Run a build command; the one file it wrote into ``out``."""
-    built = run(*command, cwd=cwd)
+    built = run(*command, cwd=cwd, env=env)
     assert built.returncode == 0, built.stdout + built.stderr
     (path,) = out.glob(pattern)
     return path
@@ -47,7 +51,9 @@ def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source, out = tmp_path_factory.mktemp("source") / "pytest-apc", tmp_path_factory.mktemp("sdist")
     shutil.copytree(REPO, source, ignore=NOT_SOURCES)
     backend = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
-    return _built([sys.executable, "-c", backend, out], source, out, "pytest_apc-*.tar.gz")
+    # The copy has no .git: the build reads the checkout's commit (setup.py records it) from the original's.
+    git = {"GIT_DIR": str(REPO / ".git")}
+    return _built([sys.executable, "-c", backend, out], source, out, "pytest_apc-*.tar.gz", git)
 
 
 @pytest.fixture(scope="session")

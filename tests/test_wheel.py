@@ -54,6 +54,16 @@ def test_the_wheel_holds_every_subpackage_its_data_the_suite_and_the_license(whe
     assert "pytest-apc = pytest_apc.__main__:console" in archive.read(f"{info}/entry_points.txt").decode()
 
 
+def test_results_of_the_installed_wheel_name_the_commit_it_was_built_from(installed: Path, tmp_path: Path) -> None:
+    """The sdist records the checkout's commit, the wheel built from it keeps it, and the installed package
+    reports it from a folder that is no repository (a user's results name the build, not their project)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert head
+    commit = run(installed / "python", "-c", "from pytest_apc.measure import provenance as p; print(p.git_commit())",
+                 cwd=tmp_path)  # fmt: skip
+    assert commit.stdout.strip() == head, commit.stdout + commit.stderr
+
+
 def test_the_sdist_holds_what_the_plugins_own_tests_read(sdist: Path) -> None:
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}

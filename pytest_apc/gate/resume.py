@@ -80,7 +80,7 @@ class Resume:
             "model": model or "",
             "settings": document.as_written(settings),
             "servers": [],
-            "environment": environment({}, folder.parent),
+            "environment": environment({}),
         }
         found = [d for d in _differences(here, results.data) if model or d["what"] != "model"]
         if found:
@@ -128,7 +128,7 @@ class Resume:
         if not started:
             return None
         here = {**document.of_session(session), "servers": [info.__dict__ for info in started.values()],
-                "environment": environment(started, self.folder.parent)}  # fmt: skip
+                "environment": environment(started)}  # fmt: skip
         found = _differences(here, self.results.data)
         return _refusal(self.folder, found) if found else None
 

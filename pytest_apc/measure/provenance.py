@@ -82,12 +82,17 @@ def _version(distribution: str) -> str | None:
 
 
 @functools.cache
-def git_commit(results_dir: Path) -> str | None:
-    """The commit of the results folder's repository, else of the one pytest runs in."""
-    return _run("git", "-C", str(results_dir), "rev-parse", "HEAD") or _run("git", "rev-parse", "HEAD")
+def git_commit() -> str | None:
+    """The commit pytest-apc was built from (an installed sdist or wheel records it), else that of the
+    checkout it runs from; None for neither. Never the commit of the folder pytest runs in: that is the
+    user's project, not this build."""
+    recorded = Path(pytest_apc.__file__).with_name("_commit.txt")
+    if recorded.is_file() and recorded.read_text().strip():
+        return recorded.read_text().strip()
+    return _run("git", "-C", str(recorded.parent), "rev-parse", "HEAD")
 
 
-def environment(servers: Mapping[str, ServerInfo], results_dir: Path) -> dict[str, Any]:
+def environment(servers: Mapping[str, ServerInfo]) -> dict[str, Any]:
     """Where this ran: versions, devices, each server's layout, commit."""
     versions = sorted({info.version for info in servers.values() if info.version})
     router = _version("vllm-router") if any(info.members for info in servers.values()) else None
@@ -108,6 +113,6 @@ def environment(servers: Mapping[str, ServerInfo], results_dir: Path) -> dict[st
         "gpu_count": len(visible),
         "layout": layouts(info.__dict__ for info in servers.values()),
         "vllm_router": router,  # the router a launched fleet ran behind
-        "git_commit": git_commit(results_dir),
+        "git_commit": git_commit(),
         "argv": sys.argv,
     }

@@ -77,7 +77,7 @@ def of_session(session: ApcSession, report: Mapping[str, Any] | None = None) -> 
     the schema; until the controller's final write it is empty."""
     measured = document(session.settings, session.measured, session.json_model(), session.started_at,
                         session.elapsed_s())  # fmt: skip
-    where = environment(session.measured.servers, session.run_dir.parent)
+    where = environment(session.measured.servers)
     return with_blocks(measured, {"verdicts": [], "environment": where, **(report or {})})
 
 
