@@ -1311,9 +1311,9 @@ def test_h200_exact_page_table_is_what_its_script_prints_of_its_answers(capsys, 
     runs = compare.load(str(folder / "exact.json.gz"))
     # The page's claims: one server is exact with itself under load; the fault parts on every request.
     groups = {what: found for what, _, found in compare.groups(runs)}
-    assert groups["S: cached/uncached, c8/c1, with each other"]["same"] == (24, 24)
-    assert groups["F under load (F8) against S"]["same"] == (0, 0)
-    assert groups["O against S"]["same"] == (0, 0)
+    assert groups["S: cached/uncached, c8/c1, with each other"]["identical"] == (24, 24)
+    assert groups["F under load (F8) against S"]["identical"] == (0, 0)
+    assert groups["O against S"]["identical"] == (0, 0)
 
 
 def test_cpu_example_is_what_its_script_runs() -> None:

@@ -1,5 +1,6 @@
-"""Per pair of runs in exactness.py's file: requests identical, near ties, differ (vLLM's top-k rule: two
-answers that part where each one's token is among the other's top-k are a near tie).
+"""Per pair of runs in exactness.py's file: requests identical, near ties, differ, by the rule of pytest-apc's
+``same_answers`` (vLLM's top-k rule: two answers that part where each one's token is among the other's
+top-k are a near tie).
 
 usage: compare.py RESULTS.json[.gz]          every pair of runs
        compare.py --groups RESULTS.json[.gz] the pairs grouped by the servers they compare (README.md)
@@ -12,6 +13,10 @@ import json
 import sys
 from itertools import combinations, product
 
+from pytest_apc.measure.answers import Answer
+from pytest_apc.verdicts import answers
+
+OUTCOMES = (answers.IDENTICAL, answers.NEAR_TIE, answers.DIFFER)
 # (what the group compares, its runs on one side, on the other); a run is SERVER/RUN, a server all its runs
 GROUPS = [
     ("S: cached/uncached, c8/c1, with each other", "S", "S"),
@@ -25,18 +30,12 @@ GROUPS = [
 ]
 
 
-def outcome(a: dict, b: dict) -> str:
-    for position, (x, y) in enumerate(zip(a["tokens"], b["tokens"], strict=False)):
-        if x != y:
-            top_a = {t for t, _ in a["top"][position]}
-            top_b = {t for t, _ in b["top"][position]}
-            return "near" if y in top_a and x in top_b else "differ"
-    return "same"
-
-
 def counts(a: list[dict], b: list[dict]) -> dict[str, int]:
-    found = [outcome(x, y) for x, y in zip(a, b, strict=True)]
-    return {k: found.count(k) for k in ("same", "near", "differ")}
+    """Requests of two runs (in order) by outcome, by pytest-apc's own rule (``same_answers``)."""
+    pairs = zip(a, b, strict=True)
+    return answers.counts(
+        [answers.compare(i, Answer.from_json(x), Answer.from_json(y)) for i, (x, y) in enumerate(pairs)]
+    )
 
 
 def load(path: str) -> dict[str, list[dict]]:
@@ -65,14 +64,15 @@ def main() -> None:
         print(f"{len(next(iter(runs.values())))} requests per run")
         print(f"{'pairs of runs':<46} {'pairs':>5} {'identical':>10} {'near ties':>10} {'differ':>8}")
         for what, n, found in groups(runs):
-            cells = ["-".join(str(v) for v in sorted(set(found[k]))) for k in ("same", "near", "differ")]
+            cells = ["-".join(str(v) for v in sorted(set(found[k]))) for k in OUTCOMES]
             print(f"{what:<46} {n:>5} {cells[0]:>10} {cells[1]:>10} {cells[2]:>8}")
         return
     runs = load(sys.argv[1])
     print("run A            run B            identical  near ties  differ   (of requests)")
     for a, b in combinations(sorted(runs), 2):
         c = counts(runs[a], runs[b])
-        print(f"{a:<16} {b:<16} {c['same']:>9}  {c['near']:>9}  {c['differ']:>6}   ({len(runs[a])})")
+        same, near, differ = (c[k] for k in OUTCOMES)
+        print(f"{a:<16} {b:<16} {same:>9}  {near:>9}  {differ:>6}   ({len(runs[a])})")
 
 
 if __name__ == "__main__":
