@@ -16,15 +16,17 @@ COMMIT_FILE = Path("pytest_apc") / "_commit.txt"
 
 
 def _commit() -> str | None:
-    """The checkout's commit, else the one an sdist this is built from recorded, else None."""
+    """The commit an sdist this is built from recorded (the hooks below never write into a checkout, so the
+    file is there only in an unpacked sdist, which may lie inside some other repository), else the
+    checkout's, else None."""
+    recorded = HERE / COMMIT_FILE
+    if recorded.is_file() and (commit := recorded.read_text().strip()):
+        return commit
     try:
         found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
-        found = None
-    if found is not None and found.returncode == 0 and found.stdout.strip():
-        return found.stdout.strip()
-    recorded = HERE / COMMIT_FILE
-    return recorded.read_text().strip() or None if recorded.is_file() else None
+        return None
+    return found.stdout.strip() or None if found.returncode == 0 else None
 
 
 def _record(root: str) -> None:

@@ -87,8 +87,8 @@ def git_commit() -> str | None:
     checkout it runs from; None for neither. Never the commit of the folder pytest runs in: that is the
     user's project, not this build."""
     recorded = Path(pytest_apc.__file__).with_name("_commit.txt")
-    if recorded.is_file() and recorded.read_text().strip():
-        return recorded.read_text().strip()
+    if recorded.is_file() and (commit := recorded.read_text().strip()):
+        return commit
     return _run("git", "-C", str(recorded.parent), "rev-parse", "HEAD")
 
 
