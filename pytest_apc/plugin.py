@@ -529,13 +529,17 @@ def _require_comparable(a: RunRecord, b: RunRecord) -> None:
 
 
 @pytest.fixture
-def apc_assert(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdict]:
-    """Record a verdict for the results file and fail the test with its message when it did not pass."""
+def apc_assert(request: pytest.FixtureRequest) -> Callable[..., Verdict]:
+    """Record verdicts for the results file and fail the test with the messages of those that did not pass.
+    Given together, every verdict is judged and recorded (a pair that saved no prefill shows its timing too);
+    the first one is returned."""
 
-    def check(verdict: Verdict) -> Verdict:
-        request.node.stash.setdefault(VERDICTS_KEY, []).append(verdict)
-        if not verdict.passed:
-            pytest.fail(verdict.message, pytrace=False)
+    def check(verdict: Verdict, *more: Verdict) -> Verdict:
+        given = [verdict, *more]
+        request.node.stash.setdefault(VERDICTS_KEY, []).extend(given)
+        failed = [v.message for v in given if not v.passed]
+        if failed:
+            pytest.fail("\n\n".join(failed), pytrace=False)
         return verdict
 
     return check

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,16 +27,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.test_e2e_fault import SELECTION, install_fault_plugin  # noqa: E402
+from tests.fault_sessions import fault_env, record_sessions  # noqa: E402
+from tests.test_e2e_fault import SELECTION  # noqa: E402
 
 
 def session(shape: str, work: Path) -> dict[str, Any]:
     """One pytest session against fresh servers, ``shape`` the fault ("none": healthy)."""
-    plugin = install_fault_plugin(work / "plugin")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(plugin), os.environ.get("PYTHONPATH")) if p))
-    env.pop("PYTEST_APC_TEST_FAULT", None)
-    if shape != "none":
-        env["PYTEST_APC_TEST_FAULT"] = shape
+    env = fault_env(work, shape)
     started = time.monotonic()
     args = [sys.executable, "-m", "pytest", str(ROOT / "tests_apc"), *SELECTION, "--cpu-node", "-q",
             "-p", "no:cacheprovider", f"--apc-results-dir={work}/apc-results"]  # fmt: skip
@@ -101,16 +96,7 @@ def main() -> int:
     if args.table:
         print("\n".join(table([r for path in args.table for r in json.loads(path.read_text())])))
         return 0
-    records: list[dict[str, Any]] = []
-    for number in range(args.sessions):
-        for shape in args.shapes.split(","):
-            with tempfile.TemporaryDirectory(prefix=f"apc-power-{shape}-") as work:
-                record = session(shape, Path(work))
-            record["session"] = number + 1
-            records.append(record)
-            print(json.dumps(record), flush=True)
-            if args.json:
-                args.json.write_text(json.dumps(records, indent=1) + "\n")
+    records = record_sessions(session, args.sessions, args.shapes.split(","), args.json)
     for shape in args.shapes.split(","):
         mine = [r for r in records if r["shape"] == shape]
         failed = sum(r.get("same_answers_passed") is False for r in mine)

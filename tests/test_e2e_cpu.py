@@ -52,9 +52,18 @@ def test_every_verdict_recorded_and_passed(full_run) -> None:
     _, data = full_run
     names = {v["name"] for v in data["verdicts"]}
     assert names == {
-        "apc_really_off", "cached_tokens_match", "prefill_saved", "not_slower", "same_answers",
+        "apc_really_off", "cached_tokens_match", "prefill_saved", "ttft_gain", "not_slower", "same_answers",
     }  # fmt: skip
     assert all(v["passed"] for v in data["verdicts"])
+
+
+def test_the_pure_payoff_is_held_to_a_significant_gain_where_the_cpu_profile_requires_it(full_run) -> None:
+    """C/D at concurrency 1 and 2 (the CPU profile's pure_gain_concurrency): a significant median-TTFT gain
+    at least a tenth of the way to its bound, which a healthy server passes; above, not slower."""
+    _, data = full_run
+    held = {tuple(v["runs"]): v["name"] for v in data["verdicts"] if v["name"] in ("ttft_gain", "not_slower")}
+    assert held[("C-c1", "D-c1")] == held[("C-c2", "D-c2")] == "ttft_gain", held
+    assert held[("C-c8", "D-c8")] == "not_slower", held
 
 
 def test_answers_compared_in_every_pair_and_the_models_answers_depend_on_the_prompt(full_run) -> None:

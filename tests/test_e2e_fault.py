@@ -1,6 +1,7 @@
 """A real vLLM server whose prefix cache serves wrong content with every counter right must fail the
 answers verdict, and nothing else, whether it is wrong on every hit or only while other requests are in
-flight; the same server without the fault passes.
+flight; the same server without the fault passes. One whose hits are right but save no time must fail the
+pure payoff, and nothing else.
 
 The fault is ``tests/vllm_fault.py``, a vLLM general plugin installed into the server process through a
 throw-away distribution on its PYTHONPATH: each cache hit of two blocks or more reads the content of the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -37,12 +39,12 @@ def install_fault_plugin(folder: Path) -> Path:
     return folder
 
 
-def run_suite(root: Path, fault: str | None) -> tuple[InnerRun, dict]:
+def run_suite(root: Path, fault: str | None, selection: list[str] = SELECTION) -> tuple[InnerRun, dict]:
     plugin = install_fault_plugin(root / "plugin")
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(plugin), os.environ.get("PYTHONPATH", "")) if p)}
     if fault:
         env["PYTEST_APC_TEST_FAULT"] = fault
-    args = [str(TESTS_APC), *SELECTION, "--cpu-node", "-v", "-rA", f"--apc-results-dir={root}/apc-results"]
+    args = [str(TESTS_APC), *selection, "--cpu-node", "-v", "-rA", f"--apc-results-dir={root}/apc-results"]
     inner = InnerRun(args, root, env=env, timeout=1500).wait()
     inner.require_nothing_left()
     files = sorted(root.glob("apc-results/*/results.json"))
@@ -123,4 +125,29 @@ def test_a_cache_wrong_only_under_load_fails_the_answers_verdict_naming_the_requ
     assert "only under load" in answers["message"]
     assert "reproduce:" in answers["message"]
     on = next(r for r in data["runs"] if r["id"] == "D-c8")
+    assert on["prefix_cache_hits"] == on["prediction"]["expected_hits"]  # the counters are right
+
+
+# The C/D sweep at concurrency 1, where the CPU profile holds C/D to a significant gain: the OFF server,
+# the hits, the prefill the counters say was saved, and the payoff.
+PAYOFF_SELECTION = ["-m", "sweep", "-k", "test_apc_really_off or test_cached_tokens or test_pure_apc",
+                    "--apc-set", "sweep_cases=CD", "--apc-set", "sweep_concurrency=1"]  # fmt: skip
+
+
+def test_a_cache_that_hits_exactly_but_saves_no_time_fails_the_pure_payoff(tmp_path_factory) -> None:
+    """Every hit served right and counted right, but as slow as computing its tokens: the counters, the
+    prefill they say was saved and the answers all pass; the TTFT gain the CPU profile requires at
+    concurrency 1 does not. (A healthy server passes the same tests in the full suite's run.)"""
+    inner, data = run_suite(tmp_path_factory.mktemp("fault-slow-hit"), "slow-hit", PAYOFF_SELECTION)
+    assert inner.ret == 1, inner.output[-5000:]
+    on_log = next(Path(s["log"]) for s in data["servers"] if s["mode"] == "apc-on")
+    assert "pytest-apc test fault active: slow-hit" in on_log.read_text(errors="replace")
+    assert verdicts_of(data) == {
+        "apc_really_off": True, "cached_tokens_match": True, "prefill_saved": True, "ttft_gain": False,
+    }  # fmt: skip
+    gain = next(v for v in data["verdicts"] if v["name"] == "ttft_gain")
+    assert gain["runs"] == ["C-c1", "D-c1"], gain
+    assert "diagnosis: the cache hit as predicted" in gain["message"], gain["message"]
+    assert re.search(r"FAILED \S*test_sweep\.py::test_pure_apc\[D-c1\]", inner.output), inner.output[-5000:]
+    on = next(r for r in data["runs"] if r["id"] == "D-c1")
     assert on["prefix_cache_hits"] == on["prediction"]["expected_hits"]  # the counters are right

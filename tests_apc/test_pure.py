@@ -26,8 +26,7 @@ def test_cached_tokens(apc_run, apc_assert):
 def test_pure_apc(apc_pair, apc_assert):
     """D computes only the suffixes (and one prefix), and its median TTFT is significantly lower than C's
     (up to --apc-set pure_gain_concurrency; every level on a GPU node)."""
-    apc_assert(verdicts.prefill_saved(apc_pair))
-    apc_assert(verdicts.pure_effect(apc_pair))
+    apc_assert(verdicts.prefill_saved(apc_pair), verdicts.pure_effect(apc_pair))
 
 
 @pytest.mark.apc_cases("D")

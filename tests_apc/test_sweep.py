@@ -26,15 +26,13 @@ def test_cached_tokens_independent_of_concurrency(apc_run, apc_assert):
 @pytest.mark.apc_cases("D", sweep=True)
 def test_pure_apc(apc_pair, apc_assert):
     """The pure APC effect holds at every concurrency."""
-    apc_assert(verdicts.prefill_saved(apc_pair))
-    apc_assert(verdicts.pure_effect(apc_pair))
+    apc_assert(verdicts.prefill_saved(apc_pair), verdicts.pure_effect(apc_pair))
 
 
 @pytest.mark.apc_cases("F", sweep=True)
 def test_rag_apc(apc_pair, apc_assert):
     """Agent/RAG: a significant TTFT gain at low concurrency, never slower above it."""
-    apc_assert(verdicts.prefill_saved(apc_pair))
-    apc_assert(verdicts.rag_effect(apc_pair))
+    apc_assert(verdicts.prefill_saved(apc_pair), verdicts.rag_effect(apc_pair))
 
 
 @pytest.mark.apc_cases("DF", sweep=True)

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""How often the pure payoff verdict fails a healthy CPU server, and whether it fails one whose cache hits
+but saves no prefill time: a benchmark, not a test (run from a checkout, on real vLLM's CPU build).
+
+Each session is a pytest run of its own with fresh server starts: the C/D sweep (`-m sweep -k
+test_pure_apc`, cases C and D at every level of sweep_concurrency) on the CPU profile, on a server that is
+healthy or carries the test fault ``slow-hit`` (tests/vllm_fault.py: every hit served and counted right,
+but as slow as computing its tokens). Per session and level it records the pure payoff's verdict and its
+numbers (the median-TTFT gain, its interval, the bounds), so that a threshold can be judged against every
+recorded session.
+
+    python scripts/payoff_power.py [--sessions N] [--shapes none,slow-hit] [--json OUT] [-- PYTEST ARGS]
+    python scripts/payoff_power.py --table OUT.json [OUT.json ...]   # the Markdown table of recorded sessions
+
+A false alarm is a healthy session with a failed payoff verdict at a level where the gain is required.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.fault_sessions import fault_env, record_sessions  # noqa: E402
+from tests.vllm_fault import DEFAULT_HIT_US, HIT_US_ENV  # noqa: E402
+
+SELECTION = ["-m", "sweep", "-k", "test_pure_apc", "--apc-set", "sweep_cases=CD"]
+PAYOFF = ("ttft_gain", "not_slower")  # what pure_effect returns: the gain where required, else not slower
+
+
+def session(shape: str, work: Path, extra: list[str]) -> dict[str, Any]:
+    """One pytest session against fresh servers, ``shape`` the fault ("none": healthy)."""
+    env = fault_env(work, shape)
+    started = time.monotonic()
+    args = [sys.executable, "-m", "pytest", str(ROOT / "tests_apc"), *SELECTION, *extra, "--cpu-node", "-q",
+            "-p", "no:cacheprovider", f"--apc-results-dir={work}/apc-results"]  # fmt: skip
+    done = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
+    files = sorted(work.glob("apc-results/*/results.json"))
+    if not files:
+        return {"shape": shape, "error": f"no results.json (exit {done.returncode})", "tail": done.stdout[-2000:]}
+    data = json.loads(files[0].read_text())
+    levels = []
+    for verdict in data["verdicts"]:
+        if verdict["name"] not in PAYOFF:
+            continue
+        n = verdict["numbers"]
+        saved = next(
+            (v["passed"] for v in data["verdicts"] if v["name"] == "prefill_saved" and v["runs"] == verdict["runs"]),
+            None,
+        )
+        levels.append({
+            "runs": verdict["runs"],
+            "concurrency": int(verdict["runs"][-1].rsplit("-c", 1)[1]),
+            "verdict": verdict["name"],
+            "passed": verdict["passed"],
+            "prefill_saved": saved,
+            **{k: n.get(k) for k in ("median_ttft_off_ms", "median_ttft_on_ms", "ttft_speedup", "ttft_speedup_low",
+                                     "ttft_speedup_high", "prefill_bound", "modelled_ttft_bound")},
+        })  # fmt: skip
+    return {
+        "shape": shape,
+        **({"hit_us": float(env.get(HIT_US_ENV) or DEFAULT_HIT_US)} if shape == "slow-hit" else {}),
+        "exit": done.returncode,
+        "levels": sorted(levels, key=lambda r: r["concurrency"]),
+        "settings": {k: data["settings"].get(k) for k in ("pure_gain_concurrency", "min_bound_fraction", "confidence")},
+        "timing": data.get("timing"),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+
+
+def table(records: list[dict[str, Any]]) -> list[str]:
+    """One Markdown row per server and level: what the pair was held to, sessions, how many failed it, the
+    gain's spread over sessions, the lowest low end of its interval, and the bound."""
+    rows = [
+        "| server | concurrency | held to | sessions | failed | gain min / median / max | lowest CI low | bound |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for shape in dict.fromkeys(r["shape"] for r in records):
+        mine = [r for r in records if r["shape"] == shape and "error" not in r]
+        server = "healthy" if shape == "none" else f"`{shape}`"
+        for level in sorted({lv["concurrency"] for r in mine for lv in r["levels"]}):
+            found = [lv for r in mine for lv in r["levels"] if lv["concurrency"] == level]
+            gains = np.array([lv["ttft_speedup"] for lv in found], dtype=float)
+            held = "/".join(sorted({lv["verdict"] for lv in found}))
+            failed = sum(not lv["passed"] for lv in found)
+            low = min(lv["ttft_speedup_low"] for lv in found)
+            bound = max((lv["modelled_ttft_bound"] or lv["prefill_bound"] or 0) for lv in found)
+            spread = f"{gains.min():.2f} / {np.median(gains):.2f} / {gains.max():.2f}"
+            cells = [server, level, held, len(found), failed, spread, f"{low:.2f}", f"{bound:.1f}"]
+            rows.append("| " + " | ".join(map(str, cells)) + " |")
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=5, help="sessions per shape (default 5)")
+    parser.add_argument("--shapes", default="none,slow-hit", help="comma-separated fault shapes (none: healthy)")
+    parser.add_argument("--json", type=Path, help="write every session's record here (after each session)")
+    parser.add_argument("--table", type=Path, nargs="+", help="print the table of these recorded files instead")
+    parser.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
+    args = parser.parse_args()
+    if args.table:
+        print("\n".join(table([r for path in args.table for r in json.loads(path.read_text())])))
+        return 0
+    records = record_sessions(
+        lambda shape, work: session(shape, work, args.pytest_args), args.sessions, args.shapes.split(","), args.json
+    )
+    print("\n".join(table(records)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
