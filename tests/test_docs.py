@@ -1299,6 +1299,26 @@ def test_cpu_answers_page_table_is_what_the_power_script_prints_of_its_files() -
     assert len(healthy) == 10
 
 
+def test_cpu_payoff_page_table_is_what_the_payoff_script_prints_of_its_files() -> None:
+    """The page's table is payoff_power.py's table of the sessions it holds; the rule it states is the CPU
+    profile's, and at least 20 healthy sessions back it."""
+    import json
+
+    from pytest_apc.config import default_for
+
+    power = _script("payoff_power")
+    folder = DOCS / "results" / "cpu-payoff"
+    records = [r for path in sorted(folder.glob("sessions-*.json")) for r in json.loads(path.read_text())]
+    page = (folder / "README.md").read_text()
+    assert "<!-- table -->\n" + "\n".join(power.table(records)) + "\n" in page
+    levels, fraction = default_for("pure_gain_concurrency", "cpu"), default_for("min_bound_fraction", "cpu")
+    assert f"`--apc-set pure_gain_concurrency={levels}`" in page
+    assert f"`--apc-set min_bound_fraction={fraction}`" in page
+    assert all(r["settings"]["pure_gain_concurrency"] == levels for r in records)
+    assert all(r["settings"]["min_bound_fraction"] == fraction for r in records)
+    assert len([r for r in records if r["shape"] == "none"]) >= 20
+
+
 def test_h200_exact_page_table_is_what_its_script_prints_of_its_answers(capsys, monkeypatch) -> None:
     """The batch-invariant page's table is compare.py's grouping of the answers file the page holds."""
     folder = DOCS / "results" / "h200-exact"

@@ -515,3 +515,22 @@ def test_under_xdist_a_baseline_without_enough_repeats_fails_every_run_before_a_
     assert result.parseoutcomes()["errors"] == 4
     (written,) = apc_suite.path.glob("res/*/results.json")
     assert json.loads(written.read_text())["server_launches"] == {}
+
+
+def test_verdicts_given_together_are_all_judged_and_each_failure_is_shown(pytester: pytest.Pytester) -> None:
+    """``apc_assert(a, b)``: a pair that saved no prefill shows whether its TTFT gained too."""
+    pytester.makepyfile(
+        test_together=(
+            "from pytest_apc.verdicts.verdict import Verdict\n\n"
+            "def test_pair(apc_assert):\n"
+            "    first = Verdict('prefill_saved', ['C-c1', 'D-c1'], False, 'computed every prompt token')\n"
+            "    apc_assert(first, Verdict('ttft_gain', ['C-c1', 'D-c1'], False, 'gain 1.00x'),\n"
+            "               Verdict('not_slower', ['C-c1', 'D-c1'], True, 'within the tolerance'))\n"
+        )
+    )
+    result = pytester.runpytest("--cpu-node", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    text = result.stdout.str()
+    assert "computed every prompt token" in text
+    assert "gain 1.00x" in text
+    assert "within the tolerance" not in text
