@@ -221,6 +221,13 @@ def test_the_cpu_profile_fails_a_pure_pair_whose_hits_saved_no_time(pytester) ->
     assert "diagnosis: the cache hit as predicted" in v.message
     faster = record(cpu, "D", 1, delta(int(off.bench["total_input_tokens"]), hits), 25.0)
     assert verdicts.pure_effect(verdicts.Pair(off, faster, cpu)).passed
+    # Significant, but short of a twentieth of the way to the bound: diagnosed the same way.
+    slight = record(cpu, "D", 1, delta(int(off.bench["total_input_tokens"]), hits), 90.0)
+    v = verdicts.pure_effect(verdicts.Pair(off, slight, cpu))
+    assert v.numbers["ttft_speedup_low"] > 1.0, v.message
+    assert not v.passed
+    assert "of the way to the bound" in v.message
+    assert "diagnosis: the cache hit as predicted" in v.message
 
 
 def test_same_as_default_fails_on_other_hits_and_slowness(pytester) -> None:

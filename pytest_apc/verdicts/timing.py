@@ -82,7 +82,8 @@ def diagnose_no_gain(pair: Pair) -> str:
         )
     return (
         f"the cache hit as predicted ({hits if hits is not None else '?'} tokens), so the prefill it saves is a "
-        "small share of TTFT here: queueing at this concurrency, a decode-bound or tiny workload, or APC overhead"
+        "small share of TTFT here: queueing at this concurrency, a decode-bound or tiny workload, APC overhead, or "
+        "hits that cost as much time as computing their tokens (a slow copy of the cached blocks)"
     )
 
 
@@ -108,6 +109,7 @@ def ttft_gain(pair: Pair) -> Verdict:
             )
     if not ok and low <= 1.0:
         message += "\n- the gain is not significant: its interval reaches 1.0 (no improvement)"
+    if not ok:
         message += "\ndiagnosis: " + diagnose_no_gain(pair)
     return Verdict("ttft_gain", [pair.off.key.id, pair.on.key.id], ok, message, n, held_to=FASTER)
 
