@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.fault_sessions import fault_env, record_sessions  # noqa: E402
+from tests.fault_sessions import fault_env, pytest_session, record_sessions  # noqa: E402
 from tests.test_e2e_fault import SELECTION  # noqa: E402
 
 
@@ -35,13 +34,9 @@ def session(shape: str, work: Path) -> dict[str, Any]:
     """One pytest session against fresh servers, ``shape`` the fault ("none": healthy)."""
     env = fault_env(work, shape)
     started = time.monotonic()
-    args = [sys.executable, "-m", "pytest", str(ROOT / "tests_apc"), *SELECTION, "--cpu-node", "-q",
-            "-p", "no:cacheprovider", f"--apc-results-dir={work}/apc-results"]  # fmt: skip
-    done = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
-    files = sorted(work.glob("apc-results/*/results.json"))
-    if not files:
+    done, data = pytest_session(work, env, SELECTION, timeout=1800)
+    if data is None:
         return {"shape": shape, "error": f"no results.json (exit {done.returncode})", "tail": done.stdout[-2000:]}
-    data = json.loads(files[0].read_text())
     answers = next((v for v in data["verdicts"] if v["name"] == "same_answers"), None)
     if answers is None:
         return {"shape": shape, "error": "no same_answers verdict", "tail": done.stdout[-2000:]}

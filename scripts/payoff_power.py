@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,8 +29,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.fault_sessions import fault_env, record_sessions  # noqa: E402
-from tests.vllm_fault import DEFAULT_HIT_US, HIT_US_ENV  # noqa: E402
+from tests.fault_sessions import fault_env, pytest_session, record_sessions  # noqa: E402
+from tests.vllm_fault import seconds_per_hit_token  # noqa: E402
 
 SELECTION = ["-m", "sweep", "-k", "test_pure_apc", "--apc-set", "sweep_cases=CD"]
 PAYOFF = ("ttft_gain", "not_slower")  # what pure_effect returns: the gain where required, else not slower
@@ -41,13 +40,9 @@ def session(shape: str, work: Path, extra: list[str]) -> dict[str, Any]:
     """One pytest session against fresh servers, ``shape`` the fault ("none": healthy)."""
     env = fault_env(work, shape)
     started = time.monotonic()
-    args = [sys.executable, "-m", "pytest", str(ROOT / "tests_apc"), *SELECTION, *extra, "--cpu-node", "-q",
-            "-p", "no:cacheprovider", f"--apc-results-dir={work}/apc-results"]  # fmt: skip
-    done = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=3600)
-    files = sorted(work.glob("apc-results/*/results.json"))
-    if not files:
+    done, data = pytest_session(work, env, [*SELECTION, *extra])
+    if data is None:
         return {"shape": shape, "error": f"no results.json (exit {done.returncode})", "tail": done.stdout[-2000:]}
-    data = json.loads(files[0].read_text())
     levels = []
     for verdict in data["verdicts"]:
         if verdict["name"] not in PAYOFF:
@@ -68,7 +63,7 @@ def session(shape: str, work: Path, extra: list[str]) -> dict[str, Any]:
         })  # fmt: skip
     return {
         "shape": shape,
-        **({"hit_us": float(env.get(HIT_US_ENV) or DEFAULT_HIT_US)} if shape == "slow-hit" else {}),
+        **({"hit_us": seconds_per_hit_token(env) * 1e6} if shape == "slow-hit" else {}),
         "exit": done.returncode,
         "levels": sorted(levels, key=lambda r: r["concurrency"]),
         "settings": {k: data["settings"].get(k) for k in ("pure_gain_concurrency", "min_bound_fraction", "confidence")},

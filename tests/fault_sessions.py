@@ -1,16 +1,35 @@
 """Sessions of the APC suite against fresh real-vLLM servers, healthy or with a test fault
-(``tests/vllm_fault.py``): the loop the power scripts (``scripts/*_power.py``) share."""
+(``tests/vllm_fault.py``): the fault plugin's installation and environment, which the fault tests
+(``tests/test_e2e_fault.py``) and the power scripts (``scripts/*_power.py``) share, and the scripts' session
+loop."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.test_e2e_fault import install_fault_plugin
+from tests.conftest import TESTS_APC
+from tests.vllm_fault import FAULT_ENV
+
+HERE = Path(__file__).parent
+
+
+def install_fault_plugin(folder: Path) -> Path:
+    """A distribution whose ``vllm.general_plugins`` entry point is the fault plugin, in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HERE / "vllm_fault.py", folder / "pytest_apc_test_fault.py")
+    info = folder / "pytest_apc_test_fault-0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pytest-apc-test-fault\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[vllm.general_plugins]\napc_fault = pytest_apc_test_fault:register\n")
+    return folder
 
 
 def fault_env(work: Path, shape: str) -> dict[str, str]:
@@ -18,10 +37,22 @@ def fault_env(work: Path, shape: str) -> dict[str, str]:
     healthy, the plugin does nothing)."""
     plugin = install_fault_plugin(work / "plugin")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(plugin), os.environ.get("PYTHONPATH")) if p))
-    env.pop("PYTEST_APC_TEST_FAULT", None)
+    env.pop(FAULT_ENV, None)
     if shape != "none":
-        env["PYTEST_APC_TEST_FAULT"] = shape
+        env[FAULT_ENV] = shape
     return env
+
+
+def pytest_session(
+    work: Path, env: dict[str, str], selection: list[str], timeout: float = 3600
+) -> tuple[subprocess.CompletedProcess, Any]:
+    """The APC suite's ``selection`` on the CPU profile in ``work``, with fresh servers: the finished process
+    and its results.json (None where it wrote none)."""
+    args = [sys.executable, "-m", "pytest", str(TESTS_APC), *selection, "--cpu-node", "-q",
+            "-p", "no:cacheprovider", f"--apc-results-dir={work}/apc-results"]  # fmt: skip
+    done = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+    files = sorted(work.glob("apc-results/*/results.json"))
+    return done, json.loads(files[0].read_text()) if files else None
 
 
 def record_sessions(

@@ -12,38 +12,22 @@ show this: the fault lives in vLLM's block table, so it is real vLLM that must b
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import TESTS_APC, InnerRun
+from tests.fault_sessions import fault_env
 
 pytestmark = pytest.mark.e2e
 
-HERE = Path(__file__).parent
 # The pure case's counts, the OFF server and the answers; the timing verdict is the full run's business.
 SELECTION = ["-m", "pure and not sweep", "-k", "not test_pure_apc"]
 
 
-def install_fault_plugin(folder: Path) -> Path:
-    """A distribution whose ``vllm.general_plugins`` entry point is the fault plugin, in ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(HERE / "vllm_fault.py", folder / "pytest_apc_test_fault.py")
-    info = folder / "pytest_apc_test_fault-0.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pytest-apc-test-fault\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[vllm.general_plugins]\napc_fault = pytest_apc_test_fault:register\n")
-    return folder
-
-
 def run_suite(root: Path, fault: str | None, selection: list[str] = SELECTION) -> tuple[InnerRun, dict]:
-    plugin = install_fault_plugin(root / "plugin")
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(plugin), os.environ.get("PYTHONPATH", "")) if p)}
-    if fault:
-        env["PYTEST_APC_TEST_FAULT"] = fault
+    env = fault_env(root, fault or "none")
     args = [str(TESTS_APC), *selection, "--cpu-node", "-v", "-rA", f"--apc-results-dir={root}/apc-results"]
     inner = InnerRun(args, root, env=env, timeout=1500).wait()
     inner.require_nothing_left()

@@ -33,6 +33,11 @@ HIT_US_ENV = "PYTEST_APC_TEST_FAULT_HIT_US"
 DEFAULT_HIT_US = 60
 
 
+def seconds_per_hit_token(environ: Any = os.environ) -> float:
+    """What ``slow-hit`` holds the engine for each hit token."""
+    return float(environ.get(HIT_US_ENV) or DEFAULT_HIT_US) / 1e6
+
+
 def _others_hold_blocks(manager: Any, request_id: str) -> bool:
     """Whether a request other than ``request_id`` holds KV blocks on this engine now."""
     return any(
@@ -52,7 +57,7 @@ def register() -> None:
         return
     original = KVCacheManager.get_computed_blocks
     if shape == "slow-hit":
-        _slow_every_hit(KVCacheManager, original, float(os.environ.get(HIT_US_ENV) or DEFAULT_HIT_US) / 1e6)
+        _slow_every_hit(KVCacheManager, original, seconds_per_hit_token())
         return
 
     # vLLM 0.33 passes a cache-hit length limit after the request: take whatever follows it along.
