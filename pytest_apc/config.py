@@ -950,6 +950,34 @@ class Settings:
         group="thresholds",
     )
 
+    answers_reference: str = setting(
+        _one_of("auto", "salted", "twin"),
+        "auto",
+        (
+            "Answers: what every request of an APC-on run (every repeat, under the run's own load) is compared "
+            "with. salted: the run sent once more on the same server, each request with a cache_salt of its own "
+            "(computed without the cache, at the same concurrency and in the same order; one extra run each); "
+            "twin: the same request of the pair's APC-off or no-tier twin. auto: the twin where the build makes "
+            "two servers compute the same tokens (vLLM's CPU build in float32), else salted where the server is "
+            "exact alone (vLLM's batch-invariant mode), else the twin, reported and not judged"
+        ),
+        "REFERENCE",
+        group="thresholds",
+    )
+    batch_invariant: str = setting(
+        _one_of("on", "off"),
+        "off",
+        (
+            "Answers: launch the servers in vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1), where a "
+            "request's tokens do not depend on the batch it is computed in: every request answered under load "
+            "is then required identical to its salted reference. It changes the kernels the timing runs "
+            "measure (the docs on the answers check give its measured cost). For servers run elsewhere, on "
+            "says that they run in this mode"
+        ),
+        "on|off",
+        group="thresholds",
+    )
+
     multiturn_conversations: int = setting(
         _positive_int,
         8,

@@ -8,6 +8,7 @@ every cache hit, ``shift-under-load`` only hits made while another request holds
 records whether same_answers passed, the answers cell, and how many requests were compared and identical.
 
     python scripts/answers_power.py [--sessions N] [--shapes none,shift,shift-under-load] [--json OUT]
+        [--node "--gpu-node --apc-model-shape llama-3.1-8b"] [--set NAME=VALUE ...]
     python scripts/answers_power.py --table OUT.json [OUT.json ...]   # the Markdown table of recorded sessions
 
 Detection is the share of faulted sessions that fail same_answers; false alarms the share of healthy
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -30,11 +32,13 @@ from tests.fault_sessions import fault_env, pytest_session, record_sessions  # n
 from tests.test_e2e_fault import SELECTION  # noqa: E402
 
 
-def session(shape: str, work: Path) -> dict[str, Any]:
-    """One pytest session against fresh servers, ``shape`` the fault ("none": healthy)."""
+def session(shape: str, work: Path, node: list[str] | None = None, settings: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One pytest session against fresh servers, ``shape`` the fault ("none": healthy); ``node``: the
+    profile's arguments (default: the CPU profile, the checkout's suite); ``settings``: ``--apc-set`` values."""
     env = fault_env(work, shape)
     started = time.monotonic()
-    done, data = pytest_session(work, env, SELECTION, timeout=1800)
+    selection = [*SELECTION, *(f"--apc-set={s}" for s in settings)]
+    done, data = pytest_session(work, env, selection, timeout=1800, node=node)
     if data is None:
         return {"shape": shape, "error": f"no results.json (exit {done.returncode})", "tail": done.stdout[-2000:]}
     answers = next((v for v in data["verdicts"] if v["name"] == "same_answers"), None)
@@ -50,6 +54,12 @@ def session(shape: str, work: Path) -> dict[str, Any]:
         "requests_compared": len(requests),
         "requests_identical": sum(r["identical"] for r in requests),
         "probe": answers["numbers"].get("cached_vs_uncached"),
+        "reference": answers["numbers"].get("reference"),
+        "salted_hits": [
+            run["answers"]["salted"]["prefix_cache_hits"]
+            for run in data["runs"]
+            if (run.get("answers") or {}).get("salted")
+        ],
         "wall_s": round(time.monotonic() - started, 1),
     }
 
@@ -65,7 +75,7 @@ def table(records: list[dict[str, Any]]) -> list[str]:
     """One Markdown row per fault shape: sessions, how many failed same_answers, and over their requests and
     probes how many answers were identical to the reference."""
     rows = [
-        "| server | sessions | same_answers failed | requests identical to the APC-off twin | probes identical |",
+        "| server | sessions | same_answers failed | requests identical to their reference | probes identical |",
         "|---|---|---|---|---|",
     ]
     for shape, what in SHAPES.items():
@@ -87,11 +97,17 @@ def main() -> int:
     parser.add_argument("--shapes", default="none,shift-under-load,shift", help="comma-separated fault shapes")
     parser.add_argument("--json", type=Path, help="write every session's record here")
     parser.add_argument("--table", type=Path, nargs="+", help="print the table of these recorded files instead")
+    parser.add_argument("--node", help="the profile's arguments (default: --cpu-node, the checkout's suite)")
+    parser.add_argument("--set", action="append", default=[], help="an --apc-set NAME=VALUE for every session")
     args = parser.parse_args()
     if args.table:
         print("\n".join(table([r for path in args.table for r in json.loads(path.read_text())])))
         return 0
-    records = record_sessions(session, args.sessions, args.shapes.split(","), args.json)
+    node = shlex.split(args.node) if args.node else None
+    shapes = args.shapes.split(",")
+    records = record_sessions(
+        lambda shape, work: session(shape, work, node, tuple(args.set)), args.sessions, shapes, args.json
+    )
     for shape in args.shapes.split(","):
         mine = [r for r in records if r["shape"] == shape]
         failed = sum(r.get("same_answers_passed") is False for r in mine)

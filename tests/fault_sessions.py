@@ -44,11 +44,13 @@ def fault_env(work: Path, shape: str) -> dict[str, str]:
 
 
 def pytest_session(
-    work: Path, env: dict[str, str], selection: list[str], timeout: float = 3600
+    work: Path, env: dict[str, str], selection: list[str], timeout: float = 3600, node: list[str] | None = None
 ) -> tuple[subprocess.CompletedProcess, Any]:
     """The APC suite's ``selection`` on the CPU profile in ``work``, with fresh servers: the finished process
-    and its results.json (None where it wrote none)."""
-    args = [sys.executable, "-m", "pytest", str(TESTS_APC), *selection, "--cpu-node", "-q",
+    and its results.json (None where it wrote none). ``node``: the profile's arguments instead (e.g.
+    ``--gpu-node --apc-model-shape llama-3.1-8b``), with the suite as installed (``--pyargs tests_apc``)."""
+    suite = ["--pyargs", "tests_apc", *node] if node else [str(TESTS_APC), "--cpu-node"]
+    args = [sys.executable, "-m", "pytest", *suite, *selection, "-q",
             "-p", "no:cacheprovider", f"--apc-results-dir={work}/apc-results"]  # fmt: skip
     done = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
     files = sorted(work.glob("apc-results/*/results.json"))

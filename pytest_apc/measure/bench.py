@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_apc.measure.bench_worker import SALT_OPTION  # imports vLLM only in the child
 from pytest_apc.serving.executor import Executor, log_excerpt
 from pytest_apc.workload.cases import RunKey, Workload
 
@@ -88,12 +89,13 @@ def bench_args(
 
 
 def reproduce_command(argv: list[str], api_key: bool = False) -> str:
-    """The one-shot command that runs exactly this benchmark, plus its ``vllm bench serve`` spelling."""
+    """The one-shot command that runs exactly this benchmark, plus its ``vllm bench serve`` spelling (none
+    for a run whose requests each get a cache_salt: vLLM's command line cannot say that)."""
     prefix = "OPENAI_API_KEY=<your key> " if api_key else ""
-    return prefix + (
-        f"{shlex.join([sys.executable, '-m', 'pytest_apc.measure.bench', *argv])}\n"
-        f"  (equivalent: {shlex.join(['vllm', 'bench', 'serve', *argv])})"
-    )
+    command = prefix + shlex.join([sys.executable, "-m", "pytest_apc.measure.bench", *argv])
+    if SALT_OPTION in argv:
+        return command
+    return f"{command}\n  (equivalent: {shlex.join(['vllm', 'bench', 'serve', *argv])})"
 
 
 def validate(result_path: Path, num_prompts: int, command: str, log_path: Path) -> dict[str, Any]:

@@ -10,6 +10,11 @@
   (``chat_samples``), and answers each request with a status file (and the prompts it sent, for the
   answers probe).
 
+``--cache-salt-per-request PREFIX`` (this module's own option, taken out before vLLM parses the rest) gives
+every request a ``cache_salt`` of its own (``PREFIX-<index>``, through the benchmark's per-request
+overrides): vLLM then hashes each request's blocks apart from every other's, so the run is computed without
+the prefix cache, at the same concurrency and in the same order (the answers' same-server reference).
+
 Imported only in the child: the parent (``bench``) never imports vLLM.
 """
 
@@ -82,6 +87,32 @@ def chat_samples(args: Any) -> list[Any] | None:
     ]
 
 
+SALT_OPTION = "--cache-salt-per-request"
+
+
+def split_salt(argv: list[str]) -> tuple[list[str], str | None]:
+    """``argv`` without :data:`SALT_OPTION` and its value, and that value (None where it is not given)."""
+    if SALT_OPTION not in argv:
+        return argv, None
+    at = argv.index(SALT_OPTION)
+    return argv[:at] + argv[at + 2 :], argv[at + 1]
+
+
+def salted(samples: list[Any], prefix: str) -> list[Any]:
+    """Each request with a ``cache_salt`` of its own among its per-request overrides."""
+    import dataclasses
+
+    if samples and not hasattr(samples[0], "request_overrides"):
+        raise RuntimeError(
+            "this vLLM's benchmark has no per-request overrides (SampleRequest.request_overrides), so it cannot "
+            "send each request with a cache_salt of its own; the answers' same-server reference needs a newer vLLM"
+        )
+    return [
+        dataclasses.replace(s, request_overrides={**(s.request_overrides or {}), "cache_salt": f"{prefix}-{i}"})
+        for i, s in enumerate(samples)
+    ]
+
+
 def _memoize_prompts(sent: dict[str, Any]) -> None:
     """Reuse generated prompts across runs whose dataset arguments are identical; keep the last run's
     prefix groups (the eviction prediction replays them in this order) and its prompts (the answers probe
@@ -99,7 +130,7 @@ def _memoize_prompts(sent: dict[str, Any]) -> None:
         is_groups = getattr(args, "dataset_name", "") == "prefix_repetition"
         sent["prompt_groups"] = prompt_groups([str(s.prompt) for s in samples]) if is_groups else []
         sent["prompts"] = [s.prompt for s in samples]
-        return samples
+        return salted(samples, sent["salt"]) if sent.get("salt") else samples
 
     serve.get_samples = get_samples
 
@@ -115,13 +146,14 @@ def _worker() -> int:
         request = json.loads(line)
         reply: dict[str, Any] = {"ok": True}
         sent.clear()
+        argv, sent["salt"] = split_salt(request["argv"])
         with open(request["log"], "ab") as log:
             sys.stdout.flush()
             sys.stderr.flush()
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
             try:
-                main(parser.parse_args(request["argv"]))
+                main(parser.parse_args(argv))
             except BaseException as err:  # noqa: BLE001 - reported to the parent, which fails the test
                 reply = {"ok": False, "error": "".join(traceback.format_exception(err))}
                 traceback.print_exc()
@@ -144,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--worker"]:
         code = _worker()
     else:
+        sent: dict[str, Any] = {}
+        argv, sent["salt"] = split_salt(argv)
+        _memoize_prompts(sent)
         from vllm.benchmarks.serve import main as bench_main
 
         bench_main(_parser().parse_args(argv))

@@ -100,6 +100,9 @@ class RunRecord:
     # cache; ``probe_error`` says why there are none.
     probes: list[Probe] = field(default_factory=list)
     probe_error: str | None = None
+    # The salted reference (an APC-on run whose answers are judged against it, run.py): the run sent once
+    # more after its repeats, each request with a cache_salt of its own, counted like a repeat.
+    salted: Repeat | None = None
     # The multi-turn case: every round of every repeat, measured and predicted (each repeat holds its rounds
     # merged: totals summed, per-request values in sending order).
     turns: list[TurnRecord] = field(default_factory=list)
@@ -226,7 +229,11 @@ class RunRecord:
                 for r in self.repeats
             ],
             **({"route": self.key.route, "prefix_groups": self.workload.prefix_groups} if self.key.route else {}),
-            "answers": {"probes": [p.to_json() for p in self.probes], "error": self.probe_error},
+            "answers": {
+                "probes": [p.to_json() for p in self.probes],
+                "error": self.probe_error,
+                **({"salted": _salted_json(self.salted)} if self.salted else {}),
+            },
             "wall_s": self.wall_s,
             **({"turns": [t.to_json() for t in self.turns]} if self.turns else {}),
         }
@@ -270,6 +277,21 @@ class RunRecord:
             probe_error=answers.get("error"),
             turns=[TurnRecord.from_json(t) for t in run.get("turns") or []],
         )
+
+
+def _salted_json(salted: Repeat) -> dict[str, Any]:
+    """What a results file keeps of a run's salted reference: its benchmark and what it hit (each request's
+    answer is compared in the ``same_answers`` verdict's numbers)."""
+    d = salted.delta
+    return {
+        "file": salted.result_file,
+        "command": salted.command,
+        "duration_s": salted.bench.get("duration"),
+        "mean_ttft_ms": salted.ttft_ms("mean"),
+        "prefix_cache_queries": d.prefix_cache_queries if d else None,
+        "prefix_cache_hits": d.prefix_cache_hits if d else None,
+        "metrics_error": salted.metrics_error,
+    }
 
 
 def _repeat_from_json(run: Mapping[str, Any], counter: Mapping[str, Any], share: list[float], *, first: bool) -> Repeat:
@@ -398,17 +420,18 @@ class Measured:
         )
 
 
+def _repeat_from_state(r: dict[str, Any]) -> Repeat:
+    return Repeat(
+        **{
+            **r,
+            "delta": metrics.Delta(**r["delta"]) if r["delta"] is not None else None,
+            "parts": {name: metrics.Delta(**d) for name, d in r.get("parts", {}).items()},
+        }
+    )
+
+
 def _record_from_state(state: dict[str, Any]) -> RunRecord:
-    repeats = [
-        Repeat(
-            **{
-                **r,
-                "delta": metrics.Delta(**r["delta"]) if r["delta"] is not None else None,
-                "parts": {name: metrics.Delta(**d) for name, d in r.get("parts", {}).items()},
-            }
-        )
-        for r in state["repeats"]
-    ]
+    repeats = [_repeat_from_state(r) for r in state["repeats"]]
     prediction = state["prediction"]
     return RunRecord(
         key=RunKey(**state["key"]),
@@ -421,5 +444,6 @@ def _record_from_state(state: dict[str, Any]) -> RunRecord:
         local_hits_predicted=state.get("local_hits_predicted"),
         probes=[Probe.from_json(p) for p in state.get("probes") or []],
         probe_error=state.get("probe_error"),
+        salted=_repeat_from_state(state["salted"]) if state.get("salted") else None,
         turns=[TurnRecord.from_json(t) for t in state.get("turns") or []],
     )

@@ -1,7 +1,8 @@
 """One measured run on a ready deployment: ``--apc-repeats`` cold repeats (each one benchmark, measured by
 ``repeat.Bencher.measure_repeat``: route, reset, idle scrape, benchmark, idle scrape, deltas; a multi-turn
 run: one benchmark per round, ``multiturn.measure``), then the answers probe (a few prompts sent again,
-with and without the cache: measure/answers.py), and the hit prediction for the run, made from the
+with and without the cache: measure/answers.py), the salted reference where the answers are judged against
+it (the run once more, each request with a cache_salt of its own), and the hit prediction for the run, made from the
 server's block size and chat-template header.
 """
 
@@ -14,11 +15,12 @@ from pathlib import Path
 from pytest_apc.config import Settings
 from pytest_apc.measure import multiturn
 from pytest_apc.measure.answers import Probe, ProbeError, run_probe
-from pytest_apc.measure.bench import BenchRunner, bench_args
+from pytest_apc.measure.bench import SALT_OPTION, BenchRunner, bench_args
 from pytest_apc.measure.records import Repeat, RunRecord
 from pytest_apc.measure.repeat import Bencher, Benchmark
 from pytest_apc.serving.client import http_session
 from pytest_apc.serving.deployment import Deployment
+from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.workload import eviction
 from pytest_apc.workload.cases import RunKey, Workload, predict
 from pytest_apc.workload.plan import PlannedRun
@@ -42,6 +44,7 @@ class Measurer:
         names = [f"{key.id}-r{i + 1}" if repeats > 1 else key.id for i in range(repeats)]
         results = [self._once(key, workload, deployment, name, last=name == names[-1]) for name in names]
         probes, probe_error = self._probe(key, deployment, self.bench_dir / f"{names[-1]}.prompts.json")
+        salted = self._salted(key, workload, deployment) if wants_salted(key, self.settings, deployment.info) else None
         header = deployment.info.chat_header_tokens
         record = RunRecord(
             key=key,
@@ -52,6 +55,7 @@ class Measurer:
             wall_s=round(time.monotonic() - started, 3),
             probes=probes,
             probe_error=probe_error,
+            salted=salted,
         )
         if header is not None and deployment.info.block_size:
             record.prediction = predict(
@@ -81,9 +85,18 @@ class Measurer:
         deployment.check_alive("after the answers probe")
         return probes, None
 
-    def _once(self, key: RunKey, workload: Workload, deployment: Deployment, name: str, last: bool) -> Repeat:
+    def _salted(self, key: RunKey, workload: Workload, deployment: Deployment) -> Repeat:
+        """The answers' same-server reference: the run sent once more after its repeats (and the probe), each
+        request with a cache_salt of its own, so that every request is computed without the cache at the
+        run's concurrency; counted like a repeat, so the verdict can check that it hit nothing."""
+        salt = f"pytest-apc-{key.id}-{time.time_ns()}"
+        return self._once(key, workload, deployment, f"{key.id}-salted", last=False, salt=salt)
+
+    def _once(
+        self, key: RunKey, workload: Workload, deployment: Deployment, name: str, last: bool, salt: str = ""
+    ) -> Repeat:
         """One cold repeat of one benchmark (the last one also keeps the prompts it sent, for the answers
-        probe)."""
+        probe; ``salt``: every request with a cache_salt of its own, the salted reference)."""
 
         def benchmark() -> list[Benchmark]:
             argv = bench_args(
@@ -96,6 +109,8 @@ class Measurer:
                 result_dir=self.bench_dir,
                 result_filename=f"{name}.json",
             )
+            if salt:
+                argv += [SALT_OPTION, salt]
             return [Benchmark(argv, name, workload.num_prompts, keep_prompts=last)]
 
         done = self.bencher.measure_repeat(key, deployment, benchmark)
@@ -105,6 +120,15 @@ class Measurer:
             outcome.result, counted.delta, done.metrics_error, done.reset, str(outcome.result_path), outcome.command,
             counted.parts or {}, done.router_command, list(outcome.prompt_groups),
         )  # fmt: skip
+
+
+def wants_salted(key: RunKey, settings: Settings, server: ServerInfo) -> bool:
+    """Whether an APC-on run gets the salted reference run (``answers_reference``; multi-turn runs are
+    probed only): always for ``salted``; for ``auto`` where the server runs in vLLM's batch-invariant mode,
+    exact with itself but not with its twin."""
+    if not key.apc or key.family == "multiturn":
+        return False
+    return settings.answers_reference == "salted" or (settings.answers_reference == "auto" and server.batch_invariant)
 
 
 def replay_local_hits(record: RunRecord) -> int | None:

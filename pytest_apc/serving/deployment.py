@@ -112,7 +112,9 @@ def deployment_for(
         )
     url = external_url(mode, settings)
     if url:
-        return ExternalServer(mode, elsewhere, url)
+        external = ExternalServer(mode, elsewhere, url)
+        external.info.batch_invariant = settings.batch_invariant == "on"  # declared: its environment is not ours
+        return external
     if mode.fleet == "router":
         gpus = replica_gpus(settings)
         replicas = [
@@ -164,7 +166,8 @@ def launched_server(
             f"no model to launch the {mode.name} server with: --apc-tokenizer alone measures servers run elsewhere "
             "(--apc-url-on and --apc-url-off, --apc-fleet-url); give --apc-model (or --apc-model-shape) to launch"
         )
-    env = {**server_env(settings.profile or "", settings.api_key), **(env_extra or {})}
+    invariant = settings.batch_invariant == "on"
+    env = {**server_env(settings.profile or "", settings.api_key, invariant), **(env_extra or {})}
 
     def command(port: int) -> list[str]:
         return build_command(

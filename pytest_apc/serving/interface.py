@@ -41,6 +41,9 @@ class ServerInfo:
     chat_header_tokens: int | None = None  # tokens the chat template puts before the user's text
     chat_header_error: str | None = None  # why /tokenize could not measure them
     cache_config: dict[str, str] = field(default_factory=dict)
+    # vLLM's batch-invariant mode: a launched server's from its environment, one run elsewhere as the
+    # batch_invariant setting declares it.
+    batch_invariant: bool = False
     # A fleet: each replica's own identity (the fields above, as a dict); the fleet's own are replica 1's
     # where they agree (the fleet refuses replicas that do not), its URL is the router's.
     members: list[dict[str, Any]] = field(default_factory=list)

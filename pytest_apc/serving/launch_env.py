@@ -13,11 +13,26 @@ def own_variables(env: Mapping[str, str]) -> list[str]:
     return sorted(name for name, value in env.items() if os.environ.get(name) != value)
 
 
-def server_env(profile: str, api_key: str = "") -> dict[str, str]:
-    """Environment of a launched server: dev mode for the reset endpoint, offline, CPU KV space, and the
-    API key (in the environment, where ``ps`` does not show it, rather than as ``--api-key``)."""
+BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"  # vLLM's batch-invariant mode: tokens that do not depend on the batch
+
+
+def batch_invariant(env: Mapping[str, str]) -> bool:
+    """Whether a server started with ``env`` runs in vLLM's batch-invariant mode (vLLM reads the variable
+    as an integer)."""
+    try:
+        return int(env.get(BATCH_INVARIANT) or "0") != 0
+    except ValueError:
+        return False
+
+
+def server_env(profile: str, api_key: str = "", invariant: bool = False) -> dict[str, str]:
+    """Environment of a launched server: dev mode for the reset endpoint, offline, CPU KV space, the API
+    key (in the environment, where ``ps`` does not show it, rather than as ``--api-key``), and vLLM's
+    batch-invariant mode where asked for (``--apc-set batch_invariant=on``)."""
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"  # registers /reset_prefix_cache
+    if invariant:
+        env[BATCH_INVARIANT] = "1"
     if api_key:
         env["VLLM_API_KEY"] = api_key
     if profile == "cpu":

@@ -17,6 +17,7 @@ from pytest_apc.serving.endpoint import Endpoint, Reach
 from pytest_apc.serving.executor import Executor
 from pytest_apc.serving.gpus import gpu_memory_used_mib, wait_gpu_memory_released
 from pytest_apc.serving.interface import EXTERNAL, ServerError, ServerInfo
+from pytest_apc.serving.launch_env import batch_invariant
 from pytest_apc.serving.logwatch import Fatal, LogWatch
 from pytest_apc.workload.cases import ServerMode
 
@@ -115,6 +116,7 @@ class LaunchedServer(Endpoint):
         argv = self._command_for_port(port)
         self.info.command = redact_argv(argv)
         self.info.url = self.url
+        self.info.batch_invariant = batch_invariant(self.env)
         return argv
 
     def _wait_launched(self, started: float) -> None:

@@ -14,26 +14,36 @@ the other's top-k (a *near tie*), and the comparison stops there; otherwise they
 serves wrong content parts from the correct answer at a token the correct computation did not consider.
 
 The probe is sent alone, after the run. A cache that goes wrong only while other requests are in flight
-(a race) answers the probe right. So, for a pair, every request of every repeat of the APC-on run is also
-compared with the same request of its twin (the benchmark keeps each request's generated text; both runs
-send the same seeded prompts in the same order). Where the build computes the same tokens whatever the
-batch (*exact*: vLLM's CPU build serving float32, measured identical cached or not, alone or under load,
-APC on or off), every one of those requests must be identical. Elsewhere two correct servers' texts part
-at near ties under load, which the benchmark's texts cannot tell from a wrong answer: there they are
-reported, and the probe's rule judges.
+(a race) answers the probe right. So every request of every repeat of the APC-on run is also compared with
+the same request computed without the cache (the benchmark keeps each request's generated text; every run
+of a workload sends the same seeded prompts in the same order), on one of two references:
+
+* the *salted* reference: the run sent once more on the same server, each request with a cache_salt of its
+  own, at the same concurrency (``measure/run.py``); its counters must show no hit;
+* the pair's *twin*: the same request on the APC-off (or no-tier) server.
+
+Where the build computes the same tokens whatever the batch (*exact*), every one of those requests must be
+identical: vLLM's CPU build serving float32 (measured identical cached or not, alone or under load, APC on
+or off: the twin is exact too), and vLLM's batch-invariant mode on a GPU (measured identical with itself,
+cached or not, alone or under load; the APC-off twin still parts from it, so there only the salted
+reference is exact). Elsewhere two correct servers' texts part at near ties under load, which the
+benchmark's texts cannot tell from a wrong answer: there they are reported, and the probe's rule judges.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pytest_apc.measure.answers import Answer, Probe, curl_command, request_body
-from pytest_apc.measure.records import RunRecord
+from pytest_apc.measure.records import Repeat, RunRecord
+from pytest_apc.serving.launch_env import BATCH_INVARIANT
 from pytest_apc.verdicts.pairs import Pair
 from pytest_apc.verdicts.verdict import Verdict
 
 IDENTICAL, NEAR_TIE, DIFFER = "identical", "near tie", "differ"
+SALTED = "salted"  # the requests' reference: the run once more, each request with a cache_salt of its own
 SHOWN_CHARS = 70  # of each text, where two answers are shown side by side
 
 
@@ -142,6 +152,34 @@ def exact_build(run: RunRecord, reference: RunRecord | None = None) -> str | Non
     return None
 
 
+def exact_alone(run: RunRecord) -> str | None:
+    """Why ``run``'s server gives the same tokens for a prompt whatever the batch, cached or not (so its
+    salted reference is exact), or None where that is not known: vLLM's CPU build in float32, or its
+    batch-invariant mode."""
+    if run.server.batch_invariant:
+        return f"vLLM's batch-invariant mode ({BATCH_INVARIANT}=1)"
+    return exact_build(run)
+
+
+def salted_errors(run: RunRecord) -> list[str]:
+    """Why ``run``'s salted reference is no reference: it was not counted, or it hit the cache (a server
+    that does not keep salted requests apart)."""
+    salted = run.salted
+    if salted is None:
+        return []
+    if salted.delta is None or salted.delta.prefix_cache_hits is None:
+        why = salted.metrics_error or "no prefix-cache counters were read around it"
+        return [f"{run.key.id}: cannot verify that its salted reference was computed without the cache: {why}"]
+    if salted.delta.prefix_cache_hits:
+        return [
+            f"{run.key.id}: its salted reference hit {salted.delta.prefix_cache_hits} cached tokens of "
+            f"{salted.delta.prefix_cache_queries}, though every request had a cache_salt of its own: this server "
+            "does not keep salted requests apart, so the run has no reference computed without the cache "
+            "(--apc-set answers_reference=twin compares with the APC-off twin instead)"
+        ]
+    return []
+
+
 @dataclass(frozen=True)
 class RequestOutcome:
     """One request of a run's benchmark against the same request of its twin's: identical, or where the two
@@ -176,11 +214,20 @@ def under_load(run: RunRecord, reference: RunRecord) -> list[RequestOutcome] | N
     """Every request of every repeat of ``run`` against the same request of ``reference`` (its repeat of the
     same number, else its first): the answers given under the run's own load. None where either benchmark
     kept no texts or their request counts differ."""
+    return _requests(run, lambda n: reference.repeats[n] if n < len(reference.repeats) else reference.repeats[0])
+
+
+def against_salted(run: RunRecord) -> list[RequestOutcome] | None:
+    """Every request of every repeat of ``run`` against the same request of its salted reference."""
+    salted = run.salted
+    return _requests(run, lambda n: salted) if salted is not None else None
+
+
+def _requests(run: RunRecord, reference_of: Callable[[int], Repeat]) -> list[RequestOutcome] | None:
     outcomes: list[RequestOutcome] = []
     for number, repeat in enumerate(run.repeats):
-        theirs_repeat = reference.repeats[number] if number < len(reference.repeats) else reference.repeats[0]
         mine = repeat.bench.get("generated_texts")
-        theirs = theirs_repeat.bench.get("generated_texts")
+        theirs = reference_of(number).bench.get("generated_texts")
         if not mine or not theirs or len(mine) != len(theirs):
             return None
         for index, (a, b) in enumerate(zip(mine, theirs, strict=True)):
@@ -201,8 +248,17 @@ class Compared:
     twin: list[Comparison]
     floor: list[Comparison]
     errors: list[str]
-    requests: list[RequestOutcome] | None = None  # every request under load against the twin's (a pair)
+    requests: list[RequestOutcome] | None = None  # every request under load against its reference's
     exact: str | None = None  # why the build is exact, where it is: then ``requests`` are judged
+    against: str = ""  # what ``requests`` were compared with: SALTED, or the twin's run id
+
+    @property
+    def against_name(self) -> str:
+        """The reference in words, for the verdict's lines."""
+        if self.against == SALTED:
+            concurrency = self.run.key.concurrency
+            return f"its salted reference's (each request with a cache_salt of its own, at concurrency {concurrency})"
+        return f"{self.against}'s"
 
     @property
     def requests_judged(self) -> bool:
@@ -213,9 +269,15 @@ class Compared:
         return [r for r in self.requests or [] if not r.identical]
 
     @property
+    def twin_judged(self) -> bool:
+        """Whether the probe's answers are also judged against the twin's: not where every request is judged
+        against the salted reference (in vLLM's batch-invariant mode two correct servers still part)."""
+        return not (self.requests_judged and self.against == SALTED)
+
+    @property
     def judged(self) -> list[Comparison]:
         """What ``same_answers`` judges: the cached answers against the uncached ones, own then the twin's."""
-        return self.own + self.twin
+        return self.own + self.twin if self.twin_judged else self.own
 
     @property
     def cell(self) -> str | None:
@@ -238,13 +300,18 @@ class Compared:
 def compared(run: RunRecord, reference: RunRecord | None = None) -> Compared:
     """The comparisons of ``run``'s probed answers, and of ``reference``'s where given (see :class:`Compared`)."""
     errors = [f"{r.key.id}: the answers probe failed: {r.probe_error}" for r in (run, reference) if r and r.probe_error]
+    errors += salted_errors(run)
     if errors:
         return Compared(run, reference, [], [], [], errors)
     twin = cached_against(run, reference) if reference else []
     floor = uncached_against(run, reference) if reference else []
-    requests = under_load(run, reference) if reference else None
-    exact = exact_build(run, reference) if reference else None
-    return Compared(run, reference, cached_against_uncached(run), twin, floor, [], requests, exact)
+    if run.salted is not None:
+        requests, exact, against = against_salted(run), exact_alone(run), SALTED
+    elif reference is not None:
+        requests, exact, against = under_load(run, reference), exact_build(run, reference), reference.key.id
+    else:
+        requests, exact, against = None, None, ""
+    return Compared(run, reference, cached_against_uncached(run), twin, floor, [], requests, exact, against)
 
 
 def same_answers(subject: Pair | RunRecord) -> Verdict:
@@ -267,7 +334,9 @@ def same_answers(subject: Pair | RunRecord) -> Verdict:
     judged = found.judged
     if reference is not None:
         twin_name = reference.key.id
-        lines += _section(f"cached against the {reference.server.mode} server ({twin_name})", twin, twin_name)
+        reported = "" if found.twin_judged else " (reported: its salted reference is the exact one)"
+        what = f"cached against the {reference.server.mode} server ({twin_name}){reported}"
+        lines += _section(what, twin, twin_name)
         lines.append(_line("uncached against uncached, the two servers (noise floor, reported)", floor))
     differ = [c for c in judged if c.outcome == DIFFER]
     wrong_under_load = found.requests_differ if found.requests_judged else []
@@ -297,6 +366,7 @@ def same_answers(subject: Pair | RunRecord) -> Verdict:
         "benchmark_identical": _identical_count(found.requests),
         "exact": found.exact,
         "requests": [r.to_json() for r in found.requests] if found.requests is not None else None,
+        "reference": found.against or None,
         "answers": found.cell,
     }
     return Verdict("same_answers", runs, not differ and not wrong_under_load, "\n".join(lines), numbers)
@@ -313,11 +383,14 @@ SHOWN_REQUESTS = 5  # of the requests that part, in a failure message (results.j
 def _under_load_lines(found: Compared) -> list[str]:
     """The lines on every request answered under load against its twin's: judged on an exact build, else
     reported with why not."""
-    if found.reference is None or found.requests is None:
+    if found.requests is None:
         return []
-    twin = found.reference.key.id
+    twin = found.against
     identical, compared_count = _identical_count(found.requests) or (0, 0)
-    head = f"{found.run.key.id}: every request under load against {twin}'s: {identical}/{compared_count} identical"
+    head = (
+        f"{found.run.key.id}: every request under load against {found.against_name}: "
+        f"{identical}/{compared_count} identical"
+    )
     if not found.requests_judged:
         return [f"{head} (reported: the build is not known to be exact, so two correct answers may part at a near tie)"]
     lines = [f"{head} (judged: {found.exact} gives the same tokens whatever the batch)"]
@@ -349,6 +422,8 @@ def _reproduce(run: RunRecord, reference: RunRecord | None) -> str:
             continue
         lines.append(f"  {r.server.mode} server: {' '.join(r.server.command) or '(not recorded)'}")
         lines.append(f"    its benchmark ({r.key.id}, generated texts in --save-detailed results): {r.bench_command}")
+        if r.salted is not None:
+            lines.append(f"    its salted reference (each request with a cache_salt of its own): {r.salted.command}")
     if probe is not None:
         body = request_body(
             run.server.served_model_name or "<served model>",
