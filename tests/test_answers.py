@@ -13,6 +13,7 @@ import pytest
 
 from pytest_apc.measure.answers import Answer, Probe, ProbeError, parse_answer, probe_indices, request_body
 from pytest_apc.measure.records import Measured, Repeat, RunRecord
+from pytest_apc.serving import metrics
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.verdicts import Pair, answers
 from pytest_apc.workload.cases import RunKey, Workload
@@ -240,3 +241,115 @@ def test_elsewhere_requests_under_load_are_reported_not_judged(cpu_settings) -> 
     assert found.passed, found.message
     assert "1/2 identical (reported" in found.message
     assert found.numbers["answers"] == "2/2"  # the probe: its own uncached answer and the twin's, judged there
+
+
+GPU = {"command": ("vllm", "serve", "m"), "kv_cache_line": "GPU KV cache size: 936,736 tokens"}
+
+
+def salted_repeat(texts: list[str], hits: int | None = 0) -> Repeat:
+    """A salted reference run: its benchmark's texts and the hits its counters saw."""
+    bench = {"completed": len(texts), "failed": 0, "total_input_tokens": 30, "duration": 1.0, "median_ttft_ms": 1.0}
+    delta = None if hits is None else metrics.Delta(1000, hits, 1000, 1000 - hits, hits, None, 0, {})
+    salted = "python -m pytest_apc.measure.bench ... --cache-salt-per-request pytest-apc-D-c8-1"
+    return Repeat({**bench, "generated_texts": texts}, delta, None, None, "s.json", salted)
+
+
+def invariant_pair(settings, on_texts: list[list[str]], salted: Repeat, twin_probe: Answer | None = None) -> Pair:
+    """A GPU pair whose APC-on server runs in vLLM's batch-invariant mode, with a salted reference; the twin's
+    probed answer may part from the APC-on server's (two correct servers part there even in that mode)."""
+    good = answer([1, 2, 3])
+    on = run("D", [Probe(0, good, good)], texts=on_texts, **GPU)
+    on.server.batch_invariant = True
+    on.salted = salted
+    off = run("C", [Probe(0, twin_probe or good)], texts=[["other"] * len(on_texts[0])], **GPU)
+    return Pair(off, on, settings)
+
+
+def test_in_batch_invariant_mode_every_request_is_judged_against_its_salted_reference(cpu_settings) -> None:
+    """A GPU in batch-invariant mode gives the same tokens cached or not, alone or under load, on one server:
+    a request that parts from its salted reference fails, named; the APC-off twin (which parts from the
+    APC-on server even in that mode) is reported, not judged."""
+    on = [["alpha", "beta", "gamma"], ["alpha", "betX wrong", "gamma"]]
+    found = answers.same_answers(invariant_pair(cpu_settings, on, salted_repeat(["alpha", "beta", "gamma"])))
+    assert not found.passed
+    assert "every request under load against its salted reference's (each request with a cache_salt of its own, " in (
+        found.message
+    )
+    assert "5/6 identical (judged: vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1)" in found.message
+    assert "repeat 2, request 1: parts at character 3" in found.message
+    assert "its salted reference (each request with a cache_salt of its own): python -m pytest_apc" in found.message
+    assert found.numbers["reference"] == "salted"
+    assert found.numbers["answers"] == "1 DIFFER"
+
+
+def test_in_batch_invariant_mode_a_twin_that_parts_at_a_token_outside_the_top_k_is_reported(cpu_settings) -> None:
+    texts = [["alpha", "beta"]]
+    pair = invariant_pair(cpu_settings, texts, salted_repeat(["alpha", "beta"]), twin_probe=answer([1, 9, 9]))
+    found = answers.same_answers(pair)
+    assert found.passed, found.message
+    assert "(reported: its salted reference is the exact one): 0 identical, 0 near ties, 1 differ" in found.message
+    assert found.numbers["answers"] == "2/2"
+    without_mode = invariant_pair(cpu_settings, texts, salted_repeat(["alpha", "beta"]), twin_probe=answer([1, 9, 9]))
+    without_mode.on.server.batch_invariant = False
+    assert not answers.same_answers(without_mode).passed  # not exact: the probe's rule judges the twin too
+
+
+def test_a_salted_reference_that_hit_the_cache_or_was_not_counted_is_no_reference(cpu_settings) -> None:
+    hit = answers.same_answers(invariant_pair(cpu_settings, [["a"]], salted_repeat(["a"], hits=256)))
+    assert not hit.passed
+    assert "its salted reference hit 256 cached tokens of 1000" in hit.message
+    assert "answers_reference=twin" in hit.message
+    blind = answers.same_answers(invariant_pair(cpu_settings, [["a"]], salted_repeat(["a"], hits=None)))
+    assert not blind.passed
+    assert "cannot verify that its salted reference was computed without the cache" in blind.message
+
+
+def test_the_salted_reference_survives_the_store_and_the_results_file_keeps_its_hits() -> None:
+    record = run("D", [], texts=["a"])
+    record.salted = salted_repeat(["a"])
+    state = json.loads(json.dumps(Measured(records={record.key: record}).to_state()))
+    assert Measured.from_state(state).records[record.key].salted == record.salted
+    kept = record.to_json()["answers"]["salted"]
+    assert kept["prefix_cache_hits"] == 0
+    assert kept["command"].endswith("--cache-salt-per-request pytest-apc-D-c8-1")
+
+
+def test_which_runs_get_a_salted_reference(cpu_settings) -> None:
+    from dataclasses import replace
+
+    from pytest_apc.measure.run import wants_salted
+
+    server = ServerInfo("apc-on", [], "", "")
+    invariant = ServerInfo("apc-on", [], "", "", batch_invariant=True)
+    on, off, turns = RunKey("D", 8), RunKey("C", 8), RunKey("M", 1)
+    assert not wants_salted(on, cpu_settings, server)  # auto: the CPU float32 twin is the exact reference
+    assert wants_salted(on, cpu_settings, invariant)
+    assert not wants_salted(off, cpu_settings, invariant)  # APC off: nothing to judge
+    salted = replace(cpu_settings, answers_reference="salted")
+    assert wants_salted(on, salted, server)
+    assert not wants_salted(turns, salted, server)  # multi-turn runs are probed only
+    assert not wants_salted(on, replace(cpu_settings, answers_reference="twin"), invariant)
+
+
+def test_batch_invariant_mode_is_asked_for_in_the_launched_servers_environment(cpu_settings, tmp_path) -> None:
+    """``--apc-set batch_invariant=on`` starts the servers with VLLM_BATCH_INVARIANT=1, and the server's
+    record says so (the verdict reads it); vLLM reads the variable as an integer."""
+    from dataclasses import replace
+
+    from pytest_apc.serving.deployment import launched_server
+    from pytest_apc.serving.endpoint import Reach
+    from pytest_apc.serving.launch_env import batch_invariant
+    from pytest_apc.workload.cases import ServerMode
+
+    assert batch_invariant({"VLLM_BATCH_INVARIANT": "1"})
+    assert not batch_invariant({"VLLM_BATCH_INVARIANT": "0"})
+    assert not batch_invariant({"VLLM_BATCH_INVARIANT": "yes"})
+    assert not batch_invariant({})
+    how = Reach("m", tmp_path / "server.log", 10.0)
+    mode = ServerMode(apc=True)
+    for asked, expected in (("on", True), ("off", False)):
+        settings = replace(cpu_settings, batch_invariant=asked)
+        server = launched_server(mode, settings, "/models/m", how, tensor_parallel=1)
+        assert (server.env.get("VLLM_BATCH_INVARIANT") == "1") is expected
+        server._command(8000)
+        assert server.info.batch_invariant is expected

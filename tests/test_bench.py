@@ -102,3 +102,41 @@ def test_without_a_model_the_tokenizer_names_the_model() -> None:
     assert argv[argv.index("--model") + 1] == "org/tok"
     assert argv[argv.index("--tokenizer") + 1] == "org/tok"
     assert argv[argv.index("--served-model-name") + 1] == "served"
+
+
+def test_a_salted_run_sends_each_request_with_a_cache_salt_of_its_own() -> None:
+    """The salted reference: the worker takes its own option out of vLLM's arguments and gives every
+    request a salt of its own through the benchmark's per-request overrides, keeping any it had."""
+    from dataclasses import dataclass
+
+    from pytest_apc.measure.bench_worker import SALT_OPTION, salted, split_salt
+
+    argv, salt = split_salt(["--num-prompts", "3", SALT_OPTION, "run-1", "--seed", "0"])
+    assert (argv, salt) == (["--num-prompts", "3", "--seed", "0"], "run-1")
+    assert split_salt(["--seed", "0"]) == (["--seed", "0"], None)
+
+    @dataclass
+    class Sample:  # vLLM's SampleRequest, as far as the worker reads it
+        prompt: str
+        request_overrides: dict | None = None
+
+    samples = salted([Sample("a"), Sample("b", {"tools": []})], "run-1")
+    assert [s.request_overrides for s in samples] == [{"cache_salt": "run-1-0"}, {"tools": [], "cache_salt": "run-1-1"}]
+
+    @dataclass
+    class Old:  # a vLLM whose benchmark has no per-request overrides
+        prompt: str
+
+    with pytest.raises(RuntimeError, match="no per-request overrides"):
+        salted([Old("a")], "run-1")
+
+
+def test_a_salted_run_is_reproduced_by_the_plugins_command_alone() -> None:
+    from pytest_apc.measure.bench import SALT_OPTION, reproduce_command
+
+    plain = reproduce_command(["--seed", "0"])
+    assert "pytest_apc.measure.bench --seed 0" in plain
+    assert "(equivalent: vllm bench serve --seed 0)" in plain
+    salted = reproduce_command(["--seed", "0", SALT_OPTION, "s"])
+    assert salted.endswith(f"pytest_apc.measure.bench --seed 0 {SALT_OPTION} s")
+    assert "vllm bench serve" not in salted  # vLLM's own command line cannot salt each request

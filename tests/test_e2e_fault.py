@@ -69,19 +69,34 @@ def test_a_cache_that_serves_wrong_content_fails_the_answers_verdict_and_nothing
     assert on["prefix_cache_hits"] == on["prediction"]["expected_hits"]  # the counters are right
 
 
-def test_the_same_server_without_the_fault_passes(tmp_path_factory) -> None:
-    """And every one of its requests under load is identical to the APC-off server's: the CPU build serving
-    float32 is exact, so the under-load comparison is judged, and a healthy cache passes it."""
-    inner, data = run_suite(tmp_path_factory.mktemp("fault-none"), None)
+# The salted reference (the run once more, each request with a cache_salt of its own), as a GPU in vLLM's
+# batch-invariant mode uses it; the CPU build in float32 is exact with itself too.
+SALTED = ["--apc-set", "answers_reference=salted"]
+
+
+@pytest.mark.parametrize("reference", ["twin", "salted"])
+def test_the_same_server_without_the_fault_passes(tmp_path_factory, reference: str) -> None:
+    """And every one of its requests under load is identical to the same request computed without the cache,
+    on the APC-off server or on the same server with a salt per request: the CPU build serving float32 is
+    exact, so the under-load comparison is judged, and a healthy cache passes it."""
+    selection = SELECTION + (SALTED if reference == "salted" else [])
+    inner, data = run_suite(tmp_path_factory.mktemp(f"fault-none-{reference}"), None, selection)
     assert inner.ret == 0, inner.output[-5000:]
     assert verdicts_of(data) == {"apc_really_off": True, "cached_tokens_match": True, "same_answers": True}
     assert "pytest-apc test fault active" not in server_logs(data)
     answers = next(v for v in data["verdicts"] if v["name"] == "same_answers")
     assert answers["numbers"]["exact"] == "vLLM's CPU build serving float32", answers["message"]
+    assert answers["numbers"]["reference"] == (reference if reference == "salted" else "C-c8")
     requests = answers["numbers"]["requests"]
     on = next(r for r in data["runs"] if r["id"] == "D-c8")
     assert len(requests) == on["num_prompts"] * on["repeats"]
     assert all(r["identical"] for r in requests), answers["message"]
+    salted = on["answers"].get("salted")
+    if reference == "salted":  # computed without the cache: its counters saw queries and no hit
+        assert salted["prefix_cache_hits"] == 0, salted
+        assert salted["prefix_cache_queries"] > 0, salted
+    else:
+        assert salted is None
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +125,26 @@ def test_a_cache_wrong_only_under_load_fails_the_answers_verdict_naming_the_requ
     assert "reproduce:" in answers["message"]
     on = next(r for r in data["runs"] if r["id"] == "D-c8")
     assert on["prefix_cache_hits"] == on["prediction"]["expected_hits"]  # the counters are right
+
+
+def test_a_cache_wrong_only_under_load_fails_against_the_salted_reference_too(tmp_path_factory) -> None:
+    """The reference a GPU uses (no exact twin there): the same fault fails the answers verdict, naming the
+    requests that part from their salted twin on the same server."""
+    inner, data = run_suite(tmp_path_factory.mktemp("fault-under-load-salted"), "shift-under-load", SELECTION + SALTED)
+    assert inner.ret == 1, inner.output[-5000:]
+    assert verdicts_of(data) == {"apc_really_off": True, "cached_tokens_match": True, "same_answers": False}
+    answers = next(v for v in data["verdicts"] if v["name"] == "same_answers")
+    numbers = answers["numbers"]
+    assert numbers["reference"] == "salted"
+    wrong = [r for r in numbers["requests"] if not r["identical"]]
+    assert wrong, answers["message"]
+    assert numbers["answers"] == f"{len(wrong)} DIFFER"
+    assert "every request under load against its salted reference's" in answers["message"]
+    assert f"repeat {wrong[0]['repeat'] + 1}, request {wrong[0]['index']}: parts at character" in answers["message"]
+    assert "only under load" in answers["message"]
+    assert "its salted reference (each request with a cache_salt of its own):" in answers["message"]
+    on = next(r for r in data["runs"] if r["id"] == "D-c8")
+    assert on["answers"]["salted"]["prefix_cache_hits"] == 0
 
 
 # The C/D sweep at concurrency 1, where the CPU profile holds C/D to a significant gain: the OFF server,
