@@ -957,9 +957,10 @@ class Settings:
             "Answers: what every request of an APC-on run (every repeat, under the run's own load) is compared "
             "with. salted: the run sent once more on the same server, each request with a cache_salt of its own "
             "(computed without the cache, at the same concurrency and in the same order; one extra run each); "
-            "twin: the same request of the pair's APC-off or no-tier twin. auto: the twin where the build makes "
-            "two servers compute the same tokens (vLLM's CPU build in float32), else salted where the server is "
-            "exact alone (vLLM's batch-invariant mode), else the twin, reported and not judged"
+            "twin: the same request of the pair's APC-off or no-tier twin. auto: salted where the server runs in "
+            "vLLM's batch-invariant mode (exact with itself, not with its twin) and for runs without a twin (fleet "
+            "routes, hash-algorithm servers) on an exact build; else the twin, judged where the build is exact "
+            "(vLLM's CPU build in float32), reported elsewhere. Multi-turn runs have the probe only"
         ),
         "REFERENCE",
         group="thresholds",

@@ -189,8 +189,10 @@ def exact_pair(settings, on_texts: list[list[str]], off_texts: list[list[str]], 
 
 
 def test_the_dtype_a_command_asks_for() -> None:
-    assert answers.server_dtype(["vllm", "--dtype", "bfloat16", "--dtype=float32"]) == "float32"
-    assert answers.server_dtype(["vllm", "--model", "m"]) is None
+    from pytest_apc.measure.answers import server_dtype
+
+    assert server_dtype(["vllm", "--dtype", "bfloat16", "--dtype=float32"]) == "float32"
+    assert server_dtype(["vllm", "--model", "m"]) is None
 
 
 def test_only_cpu_float32_on_both_servers_is_exact(cpu_settings) -> None:
@@ -320,10 +322,14 @@ def test_which_runs_get_a_salted_reference(cpu_settings) -> None:
     from pytest_apc.measure.run import wants_salted
 
     server = ServerInfo("apc-on", [], "", "")
+    cpu = ServerInfo("apc-on", list(EXACT["command"]), "", "", kv_cache_line=EXACT["kv_cache_line"])
     invariant = ServerInfo("apc-on", [], "", "", batch_invariant=True)
     on, off, turns = RunKey("D", 8), RunKey("C", 8), RunKey("M", 1)
-    assert not wants_salted(on, cpu_settings, server)  # auto: the CPU float32 twin is the exact reference
+    assert not wants_salted(on, cpu_settings, cpu)  # auto: the CPU float32 twin is the exact reference
     assert wants_salted(on, cpu_settings, invariant)
+    for twinless in (RunKey("R", 8, route="round_robin"), RunKey("D", 8, "xxhash")):
+        assert wants_salted(twinless, cpu_settings, cpu)  # no twin: the salted reference, where exact
+        assert not wants_salted(twinless, cpu_settings, server)  # not known to be exact: the probe alone
     assert not wants_salted(off, cpu_settings, invariant)  # APC off: nothing to judge
     salted = replace(cpu_settings, answers_reference="salted")
     assert wants_salted(on, salted, server)

@@ -23,7 +23,35 @@ from typing import Any
 
 import requests
 
+from pytest_apc.serving.interface import ServerInfo
+from pytest_apc.serving.launch_env import BATCH_INVARIANT
+
 TOKEN_ID_PREFIX = "token_id:"
+EXACT_DTYPE = "float32"
+
+
+def server_dtype(command: Sequence[str]) -> str | None:
+    """The ``--dtype`` a server command line asks for (the last one given), None where it asks for none."""
+    dtype = None
+    for i, part in enumerate(command):
+        if part == "--dtype" and i + 1 < len(command):
+            dtype = command[i + 1]
+        elif part.startswith("--dtype="):
+            dtype = part.split("=", 1)[1]
+    return dtype
+
+
+def exact_server(server: ServerInfo, alone: bool = True) -> str | None:
+    """Why ``server`` computes the same tokens for a prompt whatever the batch, cached or not, or None where
+    that is not known. vLLM's CPU build (its start-up line reports a CPU KV cache) serving float32 does,
+    also the same tokens as another such server: its default, bfloat16, parts 1 or 2 requests of 30
+    between two uncached runs of 8 concurrent requests. vLLM's batch-invariant mode does on one server
+    (``alone``): on a GPU an APC-off server in that mode still parts from an APC-on one."""
+    if (server.kv_cache_line or "").startswith("CPU ") and server_dtype(server.command) == EXACT_DTYPE:
+        return f"vLLM's CPU build serving {EXACT_DTYPE}"
+    if alone and server.batch_invariant:
+        return f"vLLM's batch-invariant mode ({BATCH_INVARIANT}=1)"
+    return None
 
 
 class ProbeError(RuntimeError):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pytest_apc.config import Settings
 from pytest_apc.measure import multiturn
-from pytest_apc.measure.answers import Probe, ProbeError, run_probe
+from pytest_apc.measure.answers import Probe, ProbeError, exact_server, run_probe
 from pytest_apc.measure.bench import SALT_OPTION, BenchRunner, bench_args
 from pytest_apc.measure.records import Repeat, RunRecord
 from pytest_apc.measure.repeat import Bencher, Benchmark
@@ -124,11 +124,15 @@ class Measurer:
 
 def wants_salted(key: RunKey, settings: Settings, server: ServerInfo) -> bool:
     """Whether an APC-on run gets the salted reference run (``answers_reference``; multi-turn runs are
-    probed only): always for ``salted``; for ``auto`` where the server runs in vLLM's batch-invariant mode,
-    exact with itself but not with its twin."""
-    if not key.apc or key.family == "multiturn":
+    probed only): always for ``salted``; for ``auto`` where the server is exact with itself and the twin is
+    no exact reference: vLLM's batch-invariant mode (two servers part there), or a run without a twin (a
+    fleet route, a hash-algorithm server) on an exact build."""
+    if not key.apc or key.family == "multiturn" or settings.answers_reference == "twin":
         return False
-    return settings.answers_reference == "salted" or (settings.answers_reference == "auto" and server.batch_invariant)
+    if settings.answers_reference == "salted":
+        return True
+    has_twin = not key.route and not key.hash_algo
+    return server.batch_invariant or (not has_twin and exact_server(server) is not None)
 
 
 def replay_local_hits(record: RunRecord) -> int | None:

@@ -36,9 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_apc.measure.answers import Answer, Probe, curl_command, request_body
+from pytest_apc.measure.answers import Answer, Probe, curl_command, exact_server, request_body
 from pytest_apc.measure.records import Repeat, RunRecord
-from pytest_apc.serving.launch_env import BATCH_INVARIANT
 from pytest_apc.verdicts.pairs import Pair
 from pytest_apc.verdicts.verdict import Verdict
 
@@ -126,39 +125,19 @@ def counts(comparisons: list[Comparison]) -> dict[str, int]:
     return {outcome: sum(c.outcome == outcome for c in comparisons) for outcome in (IDENTICAL, NEAR_TIE, DIFFER)}
 
 
-EXACT_DTYPE = "float32"
-
-
-def server_dtype(command: list[str]) -> str | None:
-    """The ``--dtype`` a server command line asks for (the last one given), None where it asks for none."""
-    dtype = None
-    for i, part in enumerate(command):
-        if part == "--dtype" and i + 1 < len(command):
-            dtype = command[i + 1]
-        elif part.startswith("--dtype="):
-            dtype = part.split("=", 1)[1]
-    return dtype
-
-
 def exact_build(run: RunRecord, reference: RunRecord | None = None) -> str | None:
     """Why the servers of ``run`` and ``reference`` give the same tokens for a prompt whatever the batch it is
-    computed in, or None where that is not known. vLLM's CPU build (its start-up line reports a CPU KV cache)
-    serving float32 does: its default, bfloat16, parts 1 or 2 requests of 30 between two uncached runs of 8
-    concurrent requests."""
+    computed in (and whichever of them computes it), or None where that is not known: only vLLM's CPU build
+    serving float32 is measured exact across two servers (``exact_server``)."""
     servers = [r.server for r in (run, reference) if r is not None]
-    on_cpu = all((s.kv_cache_line or "").startswith("CPU ") for s in servers)
-    if on_cpu and all(server_dtype(s.command) == EXACT_DTYPE for s in servers):
-        return f"vLLM's CPU build serving {EXACT_DTYPE}"
-    return None
+    found = [exact_server(s, alone=False) for s in servers]
+    return found[0] if all(found) else None
 
 
 def exact_alone(run: RunRecord) -> str | None:
     """Why ``run``'s server gives the same tokens for a prompt whatever the batch, cached or not (so its
-    salted reference is exact), or None where that is not known: vLLM's CPU build in float32, or its
-    batch-invariant mode."""
-    if run.server.batch_invariant:
-        return f"vLLM's batch-invariant mode ({BATCH_INVARIANT}=1)"
-    return exact_build(run)
+    salted reference is exact), or None where that is not known."""
+    return exact_server(run.server)
 
 
 def salted_errors(run: RunRecord) -> list[str]:
