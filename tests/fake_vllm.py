@@ -209,8 +209,9 @@ class Engine:
         # and the process start time moves on, as when a pod is restarted between two scrapes.
         self.restart_after, self.admitted, self.start_time = restart_after, 0, 1.7e9
 
-    def admit(self, tokens: list[int]) -> int:
-        """Account a request's prompt; return the number of prefix-cache hit tokens."""
+    def admit(self, tokens: list[int], salt: str | None = None) -> int:
+        """Account a request's prompt; return the number of prefix-cache hit tokens. A ``cache_salt`` is
+        part of the first block's hash, as vLLM's: salted requests share blocks only with the same salt."""
         n, bs = len(tokens), self.block_size
         with self.lock:
             self.admitted += 1
@@ -222,7 +223,7 @@ class Engine:
             if not self.prefix_caching:
                 self.by_source["local_compute"] += n
                 return 0
-            hashes, h = [], 0
+            hashes, h = [], hash(salt) if salt else 0
             for start in range(0, n - n % bs, bs):
                 h = hash((h, tuple(tokens[start : start + bs])))
                 hashes.append(h)
@@ -483,7 +484,7 @@ class Handler(BaseHTTPRequestHandler):
             )
             self.send_error_json(400, msg, "BadRequestError")
             return
-        engine.admit(prompt)
+        engine.admit(prompt, body.get("cache_salt"))
         done = 0
         answered = False
         try:
