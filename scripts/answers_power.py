@@ -8,7 +8,7 @@ every cache hit, ``shift-under-load`` only hits made while another request holds
 records whether same_answers passed, the answers cell, and how many requests were compared and identical.
 
     python scripts/answers_power.py [--sessions N] [--shapes none,shift,shift-under-load] [--json OUT]
-        [--node "--gpu-node --apc-model-shape llama-3.1-8b"] [--set NAME=VALUE ...]
+        [--node="--gpu-node --apc-model-shape llama-3.1-8b"] [--set NAME=VALUE ...]
     python scripts/answers_power.py --table OUT.json [OUT.json ...]   # the Markdown table of recorded sessions
 
 Detection is the share of faulted sessions that fail same_answers; false alarms the share of healthy

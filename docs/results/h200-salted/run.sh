@@ -16,7 +16,7 @@ export VLLM_USE_FLASHINFER_SAMPLER=0
 NODE="--gpu-node --apc-model-shape llama-3.1-8b"
 say() { echo "[$(date +%T)] $*" | tee -a "$W/progress.log"; }
 power() {  # SHAPES SESSIONS JSON
-  python3 scripts/answers_power.py --sessions "$2" --shapes "$1" --node "$NODE" --set batch_invariant=on \
+  python3 scripts/answers_power.py --sessions "$2" --shapes "$1" --node="$NODE" --set batch_invariant=on \
     --set num_prompts=16 --set output_len=64 --json "$W/$3" 2>&1 | tee -a "$W/progress.log"
 }
 say "start: $(nvidia-smi --query-gpu=name --format=csv,noheader)"
