@@ -108,7 +108,7 @@ def main() -> int:
     records = record_sessions(
         lambda shape, work: session(shape, work, node, tuple(args.set)), args.sessions, shapes, args.json
     )
-    for shape in args.shapes.split(","):
+    for shape in shapes:
         mine = [r for r in records if r["shape"] == shape]
         failed = sum(r.get("same_answers_passed") is False for r in mine)
         errors = sum("error" in r for r in mine)

@@ -23,11 +23,11 @@ from typing import Any
 
 import requests
 
+from pytest_apc.serving.deployment import EXACT_DTYPE
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.serving.launch_env import BATCH_INVARIANT
 
 TOKEN_ID_PREFIX = "token_id:"
-EXACT_DTYPE = "float32"
 
 
 def server_dtype(command: Sequence[str]) -> str | None:

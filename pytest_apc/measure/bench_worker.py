@@ -20,6 +20,7 @@ Imported only in the child: the parent (``bench``) never imports vLLM.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -100,8 +101,6 @@ def split_salt(argv: list[str]) -> tuple[list[str], str | None]:
 
 def salted(samples: list[Any], prefix: str) -> list[Any]:
     """Each request with a ``cache_salt`` of its own among its per-request overrides."""
-    import dataclasses
-
     if samples and not hasattr(samples[0], "request_overrides"):
         raise RuntimeError(
             "this vLLM's benchmark has no per-request overrides (SampleRequest.request_overrides), so it cannot "

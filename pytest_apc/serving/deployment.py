@@ -205,7 +205,8 @@ def launched_server(
 # vLLM's CPU build computes float32 the same whatever the batch: a request's answer under load is then
 # the answer it gets alone, cached or not, so the answers verdict can require every request identical. Its
 # default there, bfloat16, parts 1 or 2 requests of 30 between two uncached runs at concurrency 8.
-CPU_EXACT_DTYPE = ("--dtype", "float32")
+EXACT_DTYPE = "float32"
+CPU_EXACT_DTYPE = ("--dtype", EXACT_DTYPE)
 
 
 def model_args(settings: Settings) -> tuple[str, ...]:

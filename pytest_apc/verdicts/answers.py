@@ -134,12 +134,6 @@ def exact_build(run: RunRecord, reference: RunRecord | None = None) -> str | Non
     return found[0] if all(found) else None
 
 
-def exact_alone(run: RunRecord) -> str | None:
-    """Why ``run``'s server gives the same tokens for a prompt whatever the batch, cached or not (so its
-    salted reference is exact), or None where that is not known."""
-    return exact_server(run.server)
-
-
 def salted_errors(run: RunRecord) -> list[str]:
     """Why ``run``'s salted reference is no reference: it was not counted, or it hit the cache (a server
     that does not keep salted requests apart)."""
@@ -285,7 +279,7 @@ def compared(run: RunRecord, reference: RunRecord | None = None) -> Compared:
     twin = cached_against(run, reference) if reference else []
     floor = uncached_against(run, reference) if reference else []
     if run.salted is not None:
-        requests, exact, against = against_salted(run), exact_alone(run), SALTED
+        requests, exact, against = against_salted(run), exact_server(run.server), SALTED
     elif reference is not None:
         requests, exact, against = under_load(run, reference), exact_build(run, reference), reference.key.id
     else:
@@ -360,11 +354,10 @@ SHOWN_REQUESTS = 5  # of the requests that part, in a failure message (results.j
 
 
 def _under_load_lines(found: Compared) -> list[str]:
-    """The lines on every request answered under load against its twin's: judged on an exact build, else
-    reported with why not."""
+    """The lines on every request answered under load against its reference's (the salted run or the twin):
+    judged on an exact build, else reported with why not."""
     if found.requests is None:
         return []
-    twin = found.against
     identical, compared_count = _identical_count(found.requests) or (0, 0)
     head = (
         f"{found.run.key.id}: every request under load against {found.against_name}: "
@@ -375,7 +368,7 @@ def _under_load_lines(found: Compared) -> list[str]:
     lines = [f"{head} (judged: {found.exact} gives the same tokens whatever the batch)"]
     wrong = found.requests_differ
     for outcome in wrong[:SHOWN_REQUESTS]:
-        lines.append("  " + "\n  ".join(outcome.describe((found.run.key.id, twin)).splitlines()))
+        lines.append("  " + "\n  ".join(outcome.describe((found.run.key.id, found.against)).splitlines()))
     if len(wrong) > SHOWN_REQUESTS:
         lines.append(f"  ... and {len(wrong) - SHOWN_REQUESTS} more (results.json: this verdict's numbers.requests)")
     return lines
