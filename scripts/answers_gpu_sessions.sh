@@ -1,27 +1,37 @@
 #!/usr/bin/env bash
 # The answers verdict's power on one GPU: every request under load judged against its salted reference, with
 # the servers launched by pytest-apc in vLLM's batch-invariant mode (--apc-set batch_invariant=on), an
-# 8B-shaped model with random weights. Run from a checkout on a GPU machine where vLLM and pytest-apc are
-# installed (SITE_ENV: a file to source first, for an offline install); start it detached (setsid), it
-# runs until stopped. Everything lands in $W (default /tmp/salt):
-#  1. the test fault shift-under-load (tests/vllm_fault.py), one session (scripts/answers_power.py);
-#  2. a healthy server, one session;
-#  3. the test fault shift (every hit), one session;
-#  4. healthy sessions, each with fresh server starts, until stopped (false alarms).
-# Each session is -m "pure and not sweep" without the timing test (C/D at concurrency 8, one repeat), with
-# 16 prompts of 64 output tokens per run instead of 30 of 256 (the same prompt lengths).
+# 8B-shaped model with random weights, lengths at 1/4. Run from a checkout on a GPU machine where vLLM and
+# pytest-apc are installed (SITE_ENV: a file to source first, for an offline install); start it detached
+# (setsid), it runs until stopped. Two streams share the GPU, each server with 45 % of its memory and a 12 GiB KV cache:
+#  stream a (the servers as launched by default): the test fault shift-under-load (tests/vllm_fault.py), the
+#    test fault shift (every hit), a healthy -m rag session, then healthy -m pure sessions;
+#  stream b (--enforce-eager: no compilation or CUDA graphs, so a fresh start costs less): healthy -m pure
+#    sessions until stopped (false alarms over fresh server starts).
+# Each session is "-m MARKER and not sweep" without the timing test (one repeat), with 16 prompts of 64 output
+# tokens per run. Everything lands in $W (default /tmp/salt): one JSON file of records per step, each
+# session's results.json and pytest output under $W/kept, progress.log.
 set -uo pipefail
-W=${W:-/tmp/salt}; mkdir -p "$W"
+W=${W:-/tmp/salt}; mkdir -p "$W/kept"
 if [ -n "${SITE_ENV:-}" ]; then . "$SITE_ENV"; fi
 export VLLM_USE_FLASHINFER_SAMPLER=0
-NODE="--gpu-node --apc-model-shape llama-3.1-8b"
+# A fixed KV cache (12 GiB) skips vLLM's memory profiling, which the other stream's server would disturb.
+NODE="--gpu-node --apc-model-shape llama-3.1-8b --apc-length-scale 0.25 --apc-server-arg=--gpu-memory-utilization=0.45
+  --apc-server-arg=--kv-cache-memory-bytes=12884901888"
 say() { echo "[$(date +%T)] $*" | tee -a "$W/progress.log"; }
-power() {  # SHAPES SESSIONS JSON
-  python3 scripts/answers_power.py --sessions "$2" --shapes "$1" --node="$NODE" --set batch_invariant=on \
-    --set num_prompts=16 --set output_len=64 --json "$W/$3" 2>&1 | tee -a "$W/progress.log"
+power() {  # NODE MARKER SHAPES SESSIONS JSON
+  python3 scripts/answers_power.py --sessions "$4" --shapes "$3" --node="$1" --marker "$2" \
+    --set batch_invariant=on --set num_prompts=16 --set output_len=64 --keep "$W/kept" --json "$W/$5" \
+    >> "$W/progress.log" 2>&1
+  say "done: $5"
 }
 say "start: $(nvidia-smi --query-gpu=name --format=csv,noheader)"
-power shift-under-load 1 under-load.json
-power none 1 healthy-1.json
-power shift 1 shift.json
-power none 20 healthy-sessions.json
+(
+  power "$NODE" pure shift-under-load 1 a-under-load.json
+  power "$NODE" pure shift 1 a-shift.json
+  power "$NODE" rag none 1 a-rag-healthy.json
+  power "$NODE" pure none 20 a-healthy.json
+) &
+sleep 20  # the two streams' first servers do not pick ports at the same instant
+power "$NODE --apc-server-arg=--enforce-eager" pure none 40 b-healthy-eager.json &
+wait

@@ -2,13 +2,13 @@
 """How often the answers verdict catches a wrong cache, and how often it fails a healthy one: a benchmark,
 not a test (run from a checkout, on real vLLM's CPU build).
 
-Each session is a pytest run of its own with fresh server starts, `-m "pure and not sweep"` without the
-timing test, on a server that is healthy or carries a test fault (tests/vllm_fault.py): ``shift`` corrupts
+Each session is a pytest run of its own with fresh server starts, `-m "pure and not sweep"` (or rag) without
+the timing test, on a server that is healthy or carries a test fault (tests/vllm_fault.py): ``shift`` corrupts
 every cache hit, ``shift-under-load`` only hits made while another request holds blocks. Per session it
 records whether same_answers passed, the answers cell, and how many requests were compared and identical.
 
     python scripts/answers_power.py [--sessions N] [--shapes none,shift,shift-under-load] [--json OUT]
-        [--node="--gpu-node --apc-model-shape llama-3.1-8b"] [--set NAME=VALUE ...]
+        [--node="--gpu-node --apc-model-shape llama-3.1-8b"] [--set NAME=VALUE ...] [--marker rag] [--keep DIR]
     python scripts/answers_power.py --table OUT.json [OUT.json ...]   # the Markdown table of recorded sessions
 
 Detection is the share of faulted sessions that fail same_answers; false alarms the share of healthy
@@ -29,16 +29,35 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.fault_sessions import fault_env, pytest_session, record_sessions  # noqa: E402
-from tests.test_e2e_fault import SELECTION  # noqa: E402
 
 
-def session(shape: str, work: Path, node: list[str] | None = None, settings: tuple[str, ...] = ()) -> dict[str, Any]:
+def selection(marker: str) -> list[str]:
+    """The marker's cases without the sweep and without the timing test (``pure``: C/D, ``rag``: E/F)."""
+    return ["-m", f"{marker} and not sweep", "-k", f"not test_{marker}_apc"]
+
+
+def session(
+    shape: str,
+    work: Path,
+    node: list[str] | None = None,
+    settings: tuple[str, ...] = (),
+    marker: str = "pure",
+    keep: Path | None = None,
+) -> dict[str, Any]:
     """One pytest session against fresh servers, ``shape`` the fault ("none": healthy); ``node``: the
-    profile's arguments (default: the CPU profile, the checkout's suite); ``settings``: ``--apc-set`` values."""
+    profile's arguments (default: the CPU profile, the checkout's suite); ``settings``: ``--apc-set`` values;
+    ``keep``: a folder that receives the session's results.json and pytest output."""
     env = fault_env(work, shape)
     started = time.monotonic()
-    selection = [*SELECTION, *(f"--apc-set={s}" for s in settings)]
-    done, data = pytest_session(work, env, selection, timeout=1800, node=node)
+    done, data = pytest_session(
+        work, env, [*selection(marker), *(f"--apc-set={s}" for s in settings)], timeout=1800, node=node
+    )
+    if keep:
+        kept = keep / f"{marker}-{shape}-{time.strftime('%H%M%S')}"
+        kept.mkdir(parents=True, exist_ok=True)
+        (kept / "pytest.log").write_text(done.stdout + done.stderr)
+        for results in work.glob("apc-results/*/results.json"):
+            (kept / "results.json").write_text(results.read_text())
     if data is None:
         return {"shape": shape, "error": f"no results.json (exit {done.returncode})", "tail": done.stdout[-2000:]}
     answers = next((v for v in data["verdicts"] if v["name"] == "same_answers"), None)
@@ -47,6 +66,7 @@ def session(shape: str, work: Path, node: list[str] | None = None, settings: tup
     requests = answers["numbers"].get("requests") or []
     return {
         "shape": shape,
+        "marker": marker,
         "exit": done.returncode,
         "same_answers_passed": answers["passed"],
         "answers": answers["numbers"].get("answers"),
@@ -99,6 +119,8 @@ def main() -> int:
     parser.add_argument("--table", type=Path, nargs="+", help="print the table of these recorded files instead")
     parser.add_argument("--node", help="the profile's arguments (default: --cpu-node, the checkout's suite)")
     parser.add_argument("--set", action="append", default=[], help="an --apc-set NAME=VALUE for every session")
+    parser.add_argument("--marker", default="pure", choices=("pure", "rag"), help="the cases: pure (C/D), rag (E/F)")
+    parser.add_argument("--keep", type=Path, help="keep each session's results.json and pytest output here")
     args = parser.parse_args()
     if args.table:
         print("\n".join(table([r for path in args.table for r in json.loads(path.read_text())])))
@@ -106,7 +128,10 @@ def main() -> int:
     node = shlex.split(args.node) if args.node else None
     shapes = args.shapes.split(",")
     records = record_sessions(
-        lambda shape, work: session(shape, work, node, tuple(args.set)), args.sessions, shapes, args.json
+        lambda shape, work: session(shape, work, node, tuple(args.set), args.marker, args.keep),
+        args.sessions,
+        shapes,
+        args.json,
     )
     for shape in shapes:
         mine = [r for r in records if r["shape"] == shape]
