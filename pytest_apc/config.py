@@ -971,9 +971,10 @@ class Settings:
         (
             "Answers: launch the servers in vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1), where a "
             "request's tokens do not depend on the batch it is computed in: every request answered under load "
-            "is then required identical to its salted reference. It changes the kernels the timing runs "
-            "measure and slows start-up and prefill, so a timing baseline should not mix the two modes. For "
-            "servers run elsewhere, on says that they run in this mode"
+            "is then required identical to its salted reference (not with --enforce-eager among the server "
+            "arguments: run eagerly, the mode was measured not exact with itself, and the requests are reported). "
+            "It changes the kernels the timing runs measure and slows start-up and prefill, so a timing baseline "
+            "should not mix the two modes. For servers run elsewhere, on says that they run in this mode"
         ),
         "on|off",
         group="thresholds",

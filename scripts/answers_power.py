@@ -18,6 +18,7 @@ sessions that fail it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shlex
 import sys
@@ -84,6 +85,7 @@ def session(
     }
 
 
+MARKERS = {"pure": "cases C/D", "rag": "cases E/F"}  # the suite's markers a session may select
 SHAPES = {
     "none": "healthy",
     "shift-under-load": "hits wrong only while another request holds blocks",
@@ -92,16 +94,17 @@ SHAPES = {
 
 
 def table(records: list[dict[str, Any]]) -> list[str]:
-    """One Markdown row per fault shape: sessions, how many failed same_answers, and over their requests and
-    probes how many answers were identical to the reference."""
+    """One Markdown row per fault shape (and marker, where not pure): sessions, how many failed same_answers,
+    and over their requests and probes how many answers were identical to the reference."""
     rows = [
         "| server | sessions | same_answers failed | requests identical to their reference | probes identical |",
         "|---|---|---|---|---|",
     ]
-    for shape, what in SHAPES.items():
-        mine = [r for r in records if r["shape"] == shape and "error" not in r]
+    for (shape, what), (marker, cases) in itertools.product(SHAPES.items(), MARKERS.items()):
+        mine = [r for r in records if r["shape"] == shape and r.get("marker", "pure") == marker and "error" not in r]
         if not mine:
             continue
+        what = what if marker == "pure" else f"{what}, {cases}"
         failed = sum(not r["same_answers_passed"] for r in mine)
         identical = sum(r["requests_identical"] for r in mine)
         compared = sum(r["requests_compared"] for r in mine)
@@ -119,7 +122,7 @@ def main() -> int:
     parser.add_argument("--table", type=Path, nargs="+", help="print the table of these recorded files instead")
     parser.add_argument("--node", help="the profile's arguments (default: --cpu-node, the checkout's suite)")
     parser.add_argument("--set", action="append", default=[], help="an --apc-set NAME=VALUE for every session")
-    parser.add_argument("--marker", default="pure", choices=("pure", "rag"), help="the cases: pure (C/D), rag (E/F)")
+    parser.add_argument("--marker", default="pure", choices=MARKERS, help="the cases: pure (C/D), rag (E/F)")
     parser.add_argument("--keep", type=Path, help="keep each session's results.json and pytest output here")
     args = parser.parse_args()
     if args.table:

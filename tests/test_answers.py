@@ -335,6 +335,25 @@ def test_which_runs_get_a_salted_reference(cpu_settings) -> None:
     assert wants_salted(on, salted, server)
     assert not wants_salted(turns, salted, server)  # multi-turn runs are probed only
     assert not wants_salted(on, replace(cpu_settings, answers_reference="twin"), invariant)
+    eager = ServerInfo("apc-on", ["vllm", "--enforce-eager"], "", "", batch_invariant=True)
+    assert not wants_salted(on, cpu_settings, eager)  # eager is not exact with itself: the twin, reported
+
+
+def test_batch_invariant_mode_run_eagerly_is_not_judged_exact(cpu_settings) -> None:
+    """On a GPU in batch-invariant mode with --enforce-eager, cached and uncached answers of one server part
+    at near ties: a request that parts from its salted reference there is reported, and the probe's rule
+    judges."""
+    from pytest_apc.measure.answers import enforce_eager
+
+    assert enforce_eager(["vllm", "--enforce-eager"])
+    assert not enforce_eager(["vllm", "--enforce-eager", "--no-enforce-eager"])
+    assert not enforce_eager(["vllm", "--enforce-eager=false"])
+    texts = [["alpha", "beta"], ["alpha", "betX"]]
+    pair = invariant_pair(cpu_settings, texts, salted_repeat(["alpha", "beta"]))
+    pair.on.server.command = ["vllm", "--enforce-eager"]
+    found = answers.same_answers(pair)
+    assert found.passed, found.message
+    assert "3/4 identical (reported: the build is not known to be exact" in found.message
 
 
 def test_batch_invariant_mode_is_asked_for_in_the_launched_servers_environment(cpu_settings, tmp_path) -> None:

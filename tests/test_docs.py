@@ -1299,6 +1299,25 @@ def test_cpu_answers_page_table_is_what_the_power_script_prints_of_its_files() -
     assert len(healthy) == 10
 
 
+def test_gpu_answers_page_tables_are_what_its_scripts_print_of_its_files() -> None:
+    """The GPU answers page's two tables are answers_power.py's tables of the session records it holds, and its
+    cost block is cost.py's output of the results files it holds."""
+    import json
+
+    power = _script("answers_power")
+    folder = DOCS / "results" / "h100-answers"
+    page = (folder / "README.md").read_text()
+    default = [r for path in sorted(folder.glob("sessions-*.json")) for r in json.loads(path.read_text())]
+    eager = json.loads((folder / "eager-sessions.json").read_text())
+    assert "<!-- table -->\n" + "\n".join(power.table(default)) + "\n" in page
+    assert "<!-- eager -->\n" + "\n".join(power.table(eager)) + "\n" in page
+    cost = _script("cost", folder)
+    printed = "\n".join(cost.rows()) + "\n"
+    assert printed == (folder / "cost.txt").read_text()
+    assert f"<!-- cost -->\n```\n{printed}```" in page
+    assert all(r["reference"] == "salted" and r["requests_compared"] == 16 for r in default + eager)
+
+
 def test_cpu_payoff_page_table_is_what_the_payoff_script_prints_of_its_files() -> None:
     """The page's table is payoff_power.py's table of the sessions it holds; the rule it states is the CPU
     profile's, and at least 20 healthy sessions back it."""

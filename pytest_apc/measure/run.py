@@ -125,14 +125,14 @@ class Measurer:
 def wants_salted(key: RunKey, settings: Settings, server: ServerInfo) -> bool:
     """Whether an APC-on run gets the salted reference run (``answers_reference``; multi-turn runs are
     probed only): always for ``salted``; for ``auto`` where the server is exact with itself and the twin is
-    no exact reference: vLLM's batch-invariant mode (two servers part there), or a run without a twin (a
-    fleet route, a hash-algorithm server) on an exact build."""
+    no exact reference: vLLM's batch-invariant mode (two servers part there; not eager, which is not exact
+    with itself), or a run without a twin (a fleet route, a hash-algorithm server) on an exact build."""
     if not key.apc or key.family == "multiturn" or settings.answers_reference == "twin":
         return False
     if settings.answers_reference == "salted":
         return True
     has_twin = not key.route and not key.hash_algo
-    return server.batch_invariant or (not has_twin and exact_server(server) is not None)
+    return exact_server(server) is not None and (server.batch_invariant or not has_twin)
 
 
 def replay_local_hits(record: RunRecord) -> int | None:
