@@ -215,9 +215,25 @@ def test_another_vllm_version_is_compared_and_named(pytester, tmp_path) -> None:
     new = _doc(pytester, SAME, vllm="0.33.0")
     result = _gate(_doc(pytester, SAME), new, tmp_path)
     assert result.failures == []
-    assert result.changes == [{"what": "vllm", "here": "0.33.0", "there": "0.32.0"}]
+    note = gate.BENCHMARK_CHANGES[0][1]
+    assert result.changes == [{"what": "vllm", "here": "0.33.0", "there": "0.32.0", "note": note}]
     lines = [text for text, _ in terminal.gate_lines(result.to_json())]
-    assert "compared across vllm 0.33.0 here vs 0.32.0 there" in lines
+    assert f"compared across vllm 0.33.0 here vs 0.32.0 there ({note})" in lines
+
+
+def test_a_vllm_change_names_the_benchmark_definitions_that_changed_between_the_two() -> None:
+    """Between two vLLM versions on either side of a release whose benchmark measures differently, the change
+    carries what differs; within one side of it, nothing."""
+    assert gate.benchmark_changes("0.32.0", "0.33.1") == [gate.BENCHMARK_CHANGES[0][1]]
+    assert gate.benchmark_changes("0.34.0", "0.26.0") == [gate.BENCHMARK_CHANGES[0][1]]
+    assert gate.benchmark_changes("0.26.0", "0.32.0") == []
+    assert gate.benchmark_changes("0.33.0", "0.33.2+cpu") == []
+    assert gate.benchmark_changes("0.33.0", "dev") == []
+    other = {"environment": {"vllm": "0.32.0", "torch": "2.13.0"}}
+    assert gate.version_changes({"environment": {"vllm": "0.32.1", "torch": "2.14.0"}}, other) == [
+        {"what": "vllm", "here": "0.32.1", "there": "0.32.0"},
+        {"what": "torch", "here": "2.14.0", "there": "2.13.0"},
+    ]
 
 
 def test_no_overlapping_run_fails_and_a_missing_one_is_a_warning(pytester, tmp_path) -> None:

@@ -47,6 +47,15 @@ COMPARED_SETTINGS = (
 _GENERATED_VERSION = re.compile(r"^(?P<kind>.+)-v(?P<version>\d+)-[0-9a-f]+$")
 # Versions of the software under test: what a release gate compares, so a difference is named, not refused.
 VERSIONS = ("vllm", "torch")
+# vLLM releases whose benchmark measures differently from the release before: a metric that moves across one
+# may have moved with the benchmark's definition, not with the server (each the first release with it).
+BENCHMARK_CHANGES = (
+    (
+        (0, 33),
+        "vLLM 0.33's benchmark starts the chat TTFT at the first chunk that carries output (a role-only chunk "
+        "no longer counts) and ends the latency at the last token chunk",
+    ),
+)
 # A compared run's result: ok, a regressed metric, or its TTFT refused (too few repeats; cached tokens compared).
 REGRESSED, REFUSED = "REGRESSED", "refused"
 
@@ -171,13 +180,31 @@ def differences(here: Mapping[str, Any], there: Mapping[str, Any]) -> list[dict[
 
 
 def version_changes(here: Mapping[str, Any], there: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The versions of vLLM and torch that differ (where both sides recorded them): compared, and named."""
+    """The versions of vLLM and torch that differ (where both sides recorded them): compared, and named; a vLLM
+    change across a release whose benchmark measures differently carries that as its note."""
     here_env, there_env = here.get("environment") or {}, there.get("environment") or {}
-    return [
-        {"what": name, "here": here_env.get(name), "there": there_env.get(name)}
-        for name in VERSIONS
-        if here_env.get(name) and there_env.get(name) and here_env.get(name) != there_env.get(name)
-    ]
+    changes = []
+    for name in VERSIONS:
+        mine, theirs = here_env.get(name), there_env.get(name)
+        if mine and theirs and mine != theirs:
+            change = {"what": name, "here": mine, "there": theirs}
+            notes = benchmark_changes(str(mine), str(theirs)) if name == "vllm" else []
+            if notes:
+                change["note"] = "; ".join(notes)
+            changes.append(change)
+    return changes
+
+
+def benchmark_changes(here: str, there: str) -> list[str]:
+    """What vLLM's benchmark measures differently between two vLLM versions (``BENCHMARK_CHANGES``)."""
+    releases = [tuple(int(part) for part in found.groups()) for v in (here, there) if (found := _RELEASE.match(v))]
+    if len(releases) != 2:
+        return []
+    low, high = sorted(releases)
+    return [what for release, what in BENCHMARK_CHANGES if low < release <= high]
+
+
+_RELEASE = re.compile(r"(\d+)\.(\d+)")
 
 
 def difference_text(differences_: list[dict[str, Any]]) -> str:

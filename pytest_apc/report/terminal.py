@@ -266,7 +266,11 @@ def gate_rule_lines(gate: Mapping[str, Any]) -> list[str]:
     changes = gate.get("changes") or []
     if changes:
         lines.append(
-            "compared across " + "; ".join(f"{c['what']} {c['here']} here vs {c['there']} there" for c in changes)
+            "compared across "
+            + "; ".join(
+                f"{c['what']} {c['here']} here vs {c['there']} there" + (f" ({c['note']})" if c.get("note") else "")
+                for c in changes
+            )
         )
     return lines
 
