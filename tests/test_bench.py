@@ -140,3 +140,21 @@ def test_a_salted_run_is_reproduced_by_the_plugins_command_alone() -> None:
     salted = reproduce_command(["--seed", "0", SALT_OPTION, "s"])
     assert salted.endswith(f"pytest_apc.measure.bench --seed 0 {SALT_OPTION} s")
     assert "vllm bench serve" not in salted  # vLLM's own command line cannot salt each request
+
+
+def test_the_benchmark_freezes_its_heap_before_each_run() -> None:
+    """A full garbage collection of a process with vLLM imported stalls it for hundreds of milliseconds on a
+    small machine; the benchmark process therefore collects and freezes what it holds before each run, so
+    that a collection during the run scans only what the run itself allocates."""
+    import gc
+
+    from pytest_apc.measure.bench_worker import quiet_heap
+
+    held = [[] for _ in range(1000)]  # lists are tracked by the collector
+    try:
+        gc.unfreeze()
+        quiet_heap()
+        assert gc.get_freeze_count() >= len(held)
+        assert gc.get_count()[0] < 10  # a fresh youngest generation: the run starts with nothing to scan
+    finally:
+        gc.unfreeze()

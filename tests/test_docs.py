@@ -1338,6 +1338,20 @@ def test_cpu_payoff_page_table_is_what_the_payoff_script_prints_of_its_files() -
     assert len([r for r in records if r["shape"] == "none"]) >= 20
 
 
+def test_cpu_payoff_page_after_the_frozen_heap_is_what_its_scripts_print_of_its_files() -> None:
+    """The sessions after the benchmark froze its heap: the power script's table of their records, and the
+    garbage collector's pauses as gc_pauses.py counts them in the log the page holds."""
+    import json
+
+    folder = DOCS / "results" / "cpu-payoff"
+    page = (folder / "README.md").read_text()
+    frozen = json.loads((folder / "frozen-client-sessions.json").read_text())
+    assert "<!-- frozen -->\n" + "\n".join(_script("payoff_power").table(frozen)) + "\n" in page
+    assert "<!-- pauses -->\n" + "\n".join(_script("gc_pauses", folder).rows()) + "\n" in page
+    assert len(frozen) >= 20
+    assert all(r["shape"] == "none" and r["exit"] == 0 for r in frozen)
+
+
 def test_h200_exact_page_table_is_what_its_script_prints_of_its_answers(capsys, monkeypatch) -> None:
     """The batch-invariant page's table is compare.py's grouping of the answers file the page holds."""
     folder = DOCS / "results" / "h200-exact"
