@@ -23,6 +23,7 @@ from typing import Any
 
 import requests
 
+from pytest_apc.config import flag_value
 from pytest_apc.serving.deployment import EXACT_DTYPE
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.serving.launch_env import BATCH_INVARIANT
@@ -32,13 +33,7 @@ TOKEN_ID_PREFIX = "token_id:"
 
 def server_dtype(command: Sequence[str]) -> str | None:
     """The ``--dtype`` a server command line asks for (the last one given), None where it asks for none."""
-    dtype = None
-    for i, part in enumerate(command):
-        if part == "--dtype" and i + 1 < len(command):
-            dtype = command[i + 1]
-        elif part.startswith("--dtype="):
-            dtype = part.split("=", 1)[1]
-    return dtype
+    return flag_value(command, ("--dtype",))
 
 
 def enforce_eager(command: Sequence[str]) -> bool:
