@@ -8,6 +8,7 @@
 #  stream a: the test fault shift-under-load (tests/vllm_fault.py), the test fault shift (every hit), a
 #    healthy -m rag session, then healthy -m pure sessions;
 #  stream b: healthy -m pure sessions (false alarms over fresh server starts).
+# STEPS=healthy (false alarms only): stream a runs healthy -m rag sessions, stream b healthy -m pure ones.
 # Not --enforce-eager: run eagerly, batch-invariant mode is not exact with itself (docs/results/h100-answers).
 # Each session is "-m MARKER and not sweep" without the timing test (one repeat), with 16 prompts of 64 output
 # tokens per run. Everything lands in $W (default /tmp/salt): one JSON file of records per step, each
@@ -30,10 +31,14 @@ say "start: $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 mkdir -p "$W/tmp-a" "$W/tmp-b"
 (
   export TMPDIR="$W/tmp-a"
-  power "$NODE" pure shift-under-load 1 a-under-load.json
-  power "$NODE" pure shift 1 a-shift.json
-  power "$NODE" rag none 1 a-rag-healthy.json
-  power "$NODE" pure none 20 a-healthy.json
+  if [ "${STEPS:-all}" = healthy ]; then
+    power "$NODE" rag none 20 a-rag-healthy.json
+  else
+    power "$NODE" pure shift-under-load 1 a-under-load.json
+    power "$NODE" pure shift 1 a-shift.json
+    power "$NODE" rag none 1 a-rag-healthy.json
+    power "$NODE" pure none 20 a-healthy.json
+  fi
 ) &
 sleep 20  # the two streams' first servers do not pick ports at the same instant
 TMPDIR="$W/tmp-b" power "$NODE" pure none 40 b-healthy.json &
