@@ -645,8 +645,13 @@ class Settings:
     sweep_cases: str = setting(
         _cases,
         "CDEF",
-        "Cases the concurrency sweep covers (a subset of CDEF, e.g. CD when GPU time is short)",
+        (
+            "Cases the concurrency sweep covers (a subset of CDEF, e.g. CD when GPU time is short). CPU profile: "
+            "CD, as a 2-core machine holds E/F only to not being slower at any level, which their runs at the "
+            "default concurrency already judge, and their sweep would take half of the main job's time"
+        ),
         "CASES",
+        cpu="CD",
         group="workload",
     )
     prefix_len: int = setting(
@@ -924,7 +929,10 @@ class Settings:
         (
             "Answers: prompts of each run sent again after its last repeat, one at a time and greedy, with top-k "
             "logprobs: on an APC-on server plain (served from the cache the run left) and with a cache_salt of "
-            "their own (computed without it); same_answers compares them, and with the APC-off twin's"
+            "their own (computed without it); same_answers compares them, and with the APC-off twin's. Not sent "
+            "where every request under load is judged against a reference the build computes exactly (vLLM's CPU "
+            "build in float32; batch-invariant mode against the salted reference): sent alone, the prompts could "
+            "only agree. Given, it is sent after every run"
         ),
         "N",
         cpu=4,
@@ -1087,6 +1095,10 @@ class Settings:
         if self.profile == "gpu":
             return f"served elsewhere (tokenizer {model_path_for_display(self.tokenizer)})"
         return "generated tiny model"
+
+    def given(self, name: str) -> bool:
+        """Whether the user set ``name`` (command line, environment or ini file), not a default."""
+        return not self.sources.get(name, "default").endswith("default")
 
     def scaled(self, tokens: int) -> int:
         """A workload length after ``length_scale``; never below one token."""

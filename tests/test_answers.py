@@ -339,6 +339,44 @@ def test_which_runs_get_a_salted_reference(cpu_settings) -> None:
     assert not wants_salted(on, cpu_settings, eager)  # eager is not exact with itself: the twin, reported
 
 
+def test_which_runs_are_probed(pytester: pytest.Pytester, cpu_settings) -> None:
+    """The probe, sent alone after the run, could only agree where every request under load is judged
+    against a reference the build computes exactly: it is skipped there, unless answers_probes is given."""
+    from pytest_apc import config
+    from pytest_apc.measure.run import wants_probe
+
+    cpu = ServerInfo("apc-on", list(EXACT["command"]), "", "", kv_cache_line=EXACT["kv_cache_line"])
+    bf16 = ServerInfo("apc-on", ["vllm"], "", "", kv_cache_line=EXACT["kv_cache_line"])
+    invariant = ServerInfo("apc-on", [], "", "", batch_invariant=True)
+    gpu = ServerInfo("apc-on", [], "", "")
+    on, off, route = RunKey("D", 8), RunKey("C", 8), RunKey("R", 8, route="round_robin")
+    assert not wants_probe(on, cpu_settings, cpu, salted=False)  # its exact twin judges every request
+    assert not wants_probe(off, cpu_settings, cpu, salted=False)  # nor the twin itself
+    assert not wants_probe(route, cpu_settings, cpu, salted=True)  # its salted reference does
+    assert not wants_probe(on, cpu_settings, invariant, salted=True)
+    assert wants_probe(on, cpu_settings, bf16, salted=False)  # not exact: the probe's rule judges
+    assert wants_probe(on, cpu_settings, gpu, salted=False)
+    assert wants_probe(route, cpu_settings, cpu, salted=False)  # answers_reference=twin and no twin
+    given = config.resolve(pytester.parseconfig("--cpu-node", "--apc-set", "answers_probes=4"), environ={})
+    assert given.given("answers_probes")
+    assert not cpu_settings.given("answers_probes")
+    assert wants_probe(on, given, cpu, salted=False)
+
+
+def test_an_exact_build_without_a_probe_is_judged_by_its_requests(cpu_settings) -> None:
+    texts = [["alpha", "beta", "gamma"]]
+    pair = exact_pair(cpu_settings, texts, texts)
+    pair.on.probes, pair.off.probes = [], []
+    found = answers.same_answers(pair)
+    assert found.passed, found.message
+    assert found.numbers["answers"] == "3/3"
+    assert "D-c8: no probe (every request is judged exactly; --apc-set answers_probes=N sends N)" in found.message
+    pair.on.repeats[0].bench["generated_texts"] = ["alpha", "betX", "gamma"]
+    assert not answers.same_answers(pair).passed
+    del pair.on.repeats[0].bench["generated_texts"]  # no texts and no probe: nothing was compared
+    assert "no cached answer was probed" in answers.same_answers(pair).message
+
+
 def test_batch_invariant_mode_run_eagerly_is_not_judged_exact(cpu_settings) -> None:
     """On a GPU in batch-invariant mode with --enforce-eager, cached and uncached answers of one server part
     at near ties: a request that parts from its salted reference there is reported, and the probe's rule

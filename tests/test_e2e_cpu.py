@@ -68,10 +68,9 @@ def test_the_pure_payoff_is_held_to_a_significant_gain_where_the_cpu_profile_req
 
 def test_answers_compared_in_every_pair_and_the_models_answers_depend_on_the_prompt(full_run) -> None:
     """Every request an ON run answered under load is identical to its OFF twin's (the CPU servers serve
-    float32, an exact build), every probed cached answer agrees with its uncached one and the twin's (4
-    probes, two comparisons each), and the benchmark's own 30 answers to C's prompts, which share a 2K prefix
-    and differ in a 64-token suffix, are (nearly) all different: answers that could not show a wrong cache
-    would be one."""
+    float32, an exact build), so no probe is sent after the runs (sent alone, it could only agree), and the
+    benchmark's own 30 answers to C's prompts, which share a 2K prefix and differ in a 64-token suffix, are
+    (nearly) all different: answers that could not show a wrong cache would be one."""
     _, data = full_run
     for pair in data["pairs"]:
         assert pair["answers"] == "30/30", pair  # the one repeat's 30 requests, each identical to the twin's
@@ -79,13 +78,10 @@ def test_answers_compared_in_every_pair_and_the_models_answers_depend_on_the_pro
         numbers = verdict["numbers"]
         assert numbers["exact"] == "vLLM's CPU build serving float32", verdict["message"]
         assert all(r["identical"] for r in numbers["requests"]), verdict["message"]
-        for probed in (numbers["cached_vs_uncached"], numbers["cached_vs_twin"]):
-            assert probed["differ"] == 0, verdict["message"]
-            assert probed["identical"] + probed["near tie"] == 4, verdict["message"]
+        assert numbers["probed"] == 0, verdict["message"]
+        assert "no probe (every request is judged exactly" in verdict["message"]
     runs = {r["id"]: r for r in data["runs"]}
-    assert len(runs["D-c8"]["answers"]["probes"]) == 4
-    assert all(p["cached"] for p in runs["D-c8"]["answers"]["probes"])
-    assert all(p["cached"] is None for p in runs["C-c8"]["answers"]["probes"])
+    assert all(run["answers"]["probes"] == [] for run in runs.values())
     texts = json.loads(Path(runs["C-c8"]["bench_result_file"]).read_text())["generated_texts"]
     assert len(set(texts)) >= 25, texts
 
@@ -93,10 +89,11 @@ def test_answers_compared_in_every_pair_and_the_models_answers_depend_on_the_pro
 def test_hits_do_not_depend_on_concurrency(full_run) -> None:
     _, data = full_run
     runs = {r["id"]: r for r in data["runs"]}
-    for case in "DF":
-        hits = {runs[f"{case}-c{c}"]["prefix_cache_hits"] for c in (1, 2, 4, 8)}
-        assert len(hits) == 1, (case, hits)
+    hits = {runs[f"D-c{c}"]["prefix_cache_hits"] for c in (1, 2, 4, 8)}
+    assert len(hits) == 1, hits
     assert {r["case"] for r in data["runs"]} == set("ABCDEF")
+    # The CPU profile sweeps C/D only (sweep_cases): E/F run at the default concurrency.
+    assert sorted(r["id"] for r in data["runs"] if r["case"] in "EF") == ["E-c8", "F-c8"]
 
 
 def test_pure_hits_are_29_times_the_block_aligned_prefix(full_run) -> None:

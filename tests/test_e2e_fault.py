@@ -44,9 +44,15 @@ def server_logs(data: dict) -> str:
     return "".join(Path(s["log"]).read_text(errors="replace") for s in data["servers"] if Path(s["log"]).is_file())
 
 
+# The probe (prompts sent alone after the run): on the CPU build in float32 every request is judged against
+# the exact twin, so the probe is sent only when asked for; here it is, for its own evidence on real vLLM
+# (multi-turn runs, which have no twin, are judged by it alone).
+PROBED = ["--apc-set", "answers_probes=4"]
+
+
 @pytest.fixture(scope="module")
 def faulted(tmp_path_factory) -> tuple[InnerRun, dict]:
-    return run_suite(tmp_path_factory.mktemp("fault-shift"), "shift")
+    return run_suite(tmp_path_factory.mktemp("fault-shift"), "shift", SELECTION + PROBED)
 
 
 def test_the_fault_is_active_in_the_apc_on_server(faulted) -> None:
@@ -101,7 +107,7 @@ def test_the_same_server_without_the_fault_passes(tmp_path_factory, reference: s
 
 @pytest.fixture(scope="module")
 def faulted_under_load(tmp_path_factory) -> tuple[InnerRun, dict]:
-    return run_suite(tmp_path_factory.mktemp("fault-under-load"), "shift-under-load")
+    return run_suite(tmp_path_factory.mktemp("fault-under-load"), "shift-under-load", SELECTION + PROBED)
 
 
 def test_a_cache_wrong_only_under_load_fails_the_answers_verdict_naming_the_requests(faulted_under_load) -> None:
@@ -115,6 +121,7 @@ def test_a_cache_wrong_only_under_load_fails_the_answers_verdict_naming_the_requ
     assert verdicts_of(data) == {"apc_really_off": True, "cached_tokens_match": True, "same_answers": False}
     answers = next(v for v in data["verdicts"] if v["name"] == "same_answers")
     numbers = answers["numbers"]
+    assert numbers["probed"] == 4, answers["message"]
     assert numbers["cached_vs_uncached"]["differ"] == 0, answers["message"]  # the probe alone sees nothing
     wrong = [r for r in numbers["requests"] if not r["identical"]]
     assert wrong, answers["message"]

@@ -252,9 +252,9 @@ def test_the_gates_settings_are_unused_without_a_baseline_or_a_run_to_gate(apc_s
     )
     assert _session_warnings(reprec) == [
         f"--apc-baseline {b} (option --apc-baseline): no selected test measures a single-server run, so the gate "
-        "has no run to compare (47 tests would; -m 'fleet' deselected them)",
+        "has no run to compare (32 tests would; -m 'fleet' deselected them)",
         "--apc-set baseline_false_alarm=0.05 (option --apc-set): no selected test measures a "
-        "single-server run, so the gate has no run to compare (47 tests would; -m 'fleet' deselected them)",
+        "single-server run, so the gate has no run to compare (32 tests would; -m 'fleet' deselected them)",
     ]
     reprec = apc_suite.inline_run("--collect-only", "-m", "pure", "--cpu-node", "--apc-set=baseline_repeats=5")
     assert _session_warnings(reprec) == [

@@ -60,7 +60,8 @@ def test_a_resumed_session_measures_only_the_runs_missing_and_its_file_reads_lik
     tmp_path, run_inner
 ) -> None:
     (tmp_path / "test_suite.py").write_text(SUITE)
-    fault = ("--fake-die-after-requests", "14")  # the APC-on server dies in D-c2, its second run
+    # The APC-on server dies in D-c2, its second run (4 prompts a run; no probe on an exact build).
+    fault = ("--fake-die-after-requests", "6")
     first = run_inner(*_args(*fault))
     assert first.ret == 1, first.output[-3000:]
     folder = _folder(tmp_path)
@@ -111,7 +112,7 @@ def test_a_run_interrupted_by_sigterm_is_measured_again(tmp_path, run_inner) -> 
     """A pre-empted job: SIGTERM while D-c2's benchmark runs (its server hangs), then the same command with
     --apc-resume. The interrupted run is not in the first file; the resumed session measures it, and only it."""
     (tmp_path / "test_suite.py").write_text(SUITE)
-    fault = ("--fake-hang-after-requests", "14")
+    fault = ("--fake-hang-after-requests", "6")
     first = run_inner(*_args(*fault), wait=False)
     first.wait_for(tmp_path, "apc-results/*/bench/D-c2.log", "D-c2's benchmark")
     time.sleep(1.5)

@@ -1,9 +1,9 @@
 """One measured run on a ready deployment: ``--apc-repeats`` cold repeats (each one benchmark, measured by
 ``repeat.Bencher.measure_repeat``: route, reset, idle scrape, benchmark, idle scrape, deltas; a multi-turn
 run: one benchmark per round, ``multiturn.measure``), then the answers probe (a few prompts sent again,
-with and without the cache: measure/answers.py), the salted reference where the answers are judged against
-it (the run once more, each request with a cache_salt of its own), and the hit prediction for the run, made from the
-server's block size and chat-template header.
+with and without the cache: measure/answers.py; not where every request is judged exactly), the salted
+reference where the answers are judged against it (the run once more, each request with a cache_salt of
+its own), and the hit prediction for the run, made from the server's block size and chat-template header.
 """
 
 from __future__ import annotations
@@ -43,8 +43,12 @@ class Measurer:
         repeats = self.settings.repeats
         names = [f"{key.id}-r{i + 1}" if repeats > 1 else key.id for i in range(repeats)]
         results = [self._once(key, workload, deployment, name, last=name == names[-1]) for name in names]
-        probes, probe_error = self._probe(key, deployment, self.bench_dir / f"{names[-1]}.prompts.json")
-        salted = self._salted(key, workload, deployment) if wants_salted(key, self.settings, deployment.info) else None
+        salting = wants_salted(key, self.settings, deployment.info)
+        probes: list[Probe] = []
+        probe_error: str | None = None
+        if wants_probe(key, self.settings, deployment.info, salting):
+            probes, probe_error = self._probe(key, deployment, self.bench_dir / f"{names[-1]}.prompts.json")
+        salted = self._salted(key, workload, deployment) if salting else None
         header = deployment.info.chat_header_tokens
         record = RunRecord(
             key=key,
@@ -133,6 +137,19 @@ def wants_salted(key: RunKey, settings: Settings, server: ServerInfo) -> bool:
         return True
     has_twin = not key.route and not key.hash_algo
     return exact_server(server) is not None and (server.batch_invariant or not has_twin)
+
+
+def wants_probe(key: RunKey, settings: Settings, server: ServerInfo, salted: bool) -> bool:
+    """Whether the answers probe follows the run: not where every request under load is judged against a
+    reference that the build computes exactly (its salted reference; or its twin, on a build exact across
+    two servers: vLLM's CPU build in float32), as the prompts sent alone again could only agree; unless
+    ``answers_probes`` is given. Multi-turn runs (measured elsewhere) always have it."""
+    if settings.given("answers_probes"):
+        return True
+    has_twin = not key.route and not key.hash_algo
+    if salted:
+        return exact_server(server) is None
+    return not (has_twin and exact_server(server, alone=False) is not None)
 
 
 def replay_local_hits(record: RunRecord) -> int | None:

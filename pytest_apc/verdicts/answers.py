@@ -13,7 +13,8 @@ both token sequences; at the first token where they part, they still agree when 
 the other's top-k (a *near tie*), and the comparison stops there; otherwise they *differ*. A cache that
 serves wrong content parts from the correct answer at a token the correct computation did not consider.
 
-The probe is sent alone, after the run. A cache that goes wrong only while other requests are in flight
+The probe is sent alone, after the run (not where every request is judged exactly, below: there it
+could only agree). A cache that goes wrong only while other requests are in flight
 (a race) answers the probe right. So every request of every repeat of the APC-on run is also compared with
 the same request computed without the cache (the benchmark keeps each request's generated text; every run
 of a workload sends the same seeded prompts in the same order), on one of two references:
@@ -299,13 +300,16 @@ def same_answers(subject: Pair | RunRecord) -> Verdict:
         message = "\n".join([*found.errors, _reproduce(run, reference)])
         return Verdict("same_answers", runs, False, message, {"answers": found.cell})
     own, twin, floor = found.own, found.twin, found.floor
-    if not own:
+    if not own and not found.requests_judged:
         message = f"{run.key.id}: no cached answer was probed (the probe sent nothing to an APC-on server)"
         return Verdict("same_answers", runs, False, message, {"answers": found.cell})
     lines = _under_load_lines(found)
-    lines += _section(f"{run.key.id}: cached against uncached on the {run.server.mode} server", own, "uncached")
+    if own:
+        lines += _section(f"{run.key.id}: cached against uncached on the {run.server.mode} server", own, "uncached")
+    else:
+        lines.append(f"{run.key.id}: no probe (every request is judged exactly; --apc-set answers_probes=N sends N)")
     judged = found.judged
-    if reference is not None:
+    if reference is not None and (twin or floor):
         twin_name = reference.key.id
         reported = "" if found.twin_judged else " (reported: its salted reference is the exact one)"
         what = f"cached against the {reference.server.mode} server ({twin_name}){reported}"
@@ -323,7 +327,7 @@ def same_answers(subject: Pair | RunRecord) -> Verdict:
             "diagnosis: the cache served content that is not what these prompts compute: a block table, hash "
             f"or tier that returns other tokens' KV with the right counts ({why})"
         )
-        if wrong_under_load and not differ:
+        if wrong_under_load and own and not differ:
             lines.append(
                 "only under load: the probe, sent alone after the run, got the right answers, so the cache goes "
                 "wrong while other requests are in flight (a race between requests)"
