@@ -408,13 +408,13 @@ def test_an_unknown_name_is_one_line_with_the_close_ones(pytester: pytest.Pytest
 
 def test_off_is_0_and_every_level_is_all(pytester: pytest.Pytester) -> None:
     """Every "concurrency up to which a gain must hold" setting: 0 at no level, all at every level; the
-    profiles' own (GPU: C/D at every level; CPU: C/D up to 2, the rest at none), and -1, which meant "at no
+    profiles' own (GPU: C/D at every level; CPU: C/D at every level, the rest at none), and -1, which meant "at no
     level" for pure_gain_concurrency, says what to give instead."""
     names = ("low_concurrency", "pure_gain_concurrency", "multiturn_gain_concurrency")
     gpu = resolve(pytester, "--gpu-node", "--apc-model=/m")
     cpu = resolve(pytester, "--cpu-node")
     assert [getattr(gpu, name) for name in names] == [1, "all", 8]
-    assert [getattr(cpu, name) for name in names] == [0, 2, 0]
+    assert [getattr(cpu, name) for name in names] == [0, "all", 0]
     for name in names:
         assert getattr(resolve(pytester, f"--apc-set={name}=all"), name) == "all"
         for concurrency in (1, 8, 64):
@@ -444,4 +444,4 @@ def test_pytest_apc_settings_lists_every_setting_by_group(capsys: pytest.Capture
                  "min_bound_fraction", "baseline_false_alarm", "answers_top_k", "max_routing_cost",
                  "multiturn_gain_concurrency"):  # fmt: skip
         assert f"--apc-set {name}=" in thresholds, name
-    assert "Default: all (--cpu-node: 2)" in " ".join(thresholds.split())
+    assert "Default: 0.1 (--cpu-node: 0.02)" in " ".join(thresholds.split())

@@ -57,13 +57,12 @@ def test_every_verdict_recorded_and_passed(full_run) -> None:
     assert all(v["passed"] for v in data["verdicts"])
 
 
-def test_the_pure_payoff_is_held_to_a_significant_gain_where_the_cpu_profile_requires_it(full_run) -> None:
-    """C/D at concurrency 1 and 2 (the CPU profile's pure_gain_concurrency): a significant median-TTFT gain
-    at least a twentieth of the way to its bound, which a healthy server passes; above, not slower."""
+def test_the_pure_payoff_is_held_to_a_significant_gain_at_every_level(full_run) -> None:
+    """C/D at concurrency 1, 2, 4 and 8 (the CPU profile's pure_gain_concurrency, all): a significant
+    median-TTFT gain at least a fiftieth of the way to its bound, which a healthy server passes."""
     _, data = full_run
     held = {tuple(v["runs"]): v["name"] for v in data["verdicts"] if v["name"] in ("ttft_gain", "not_slower")}
-    assert held[("C-c1", "D-c1")] == held[("C-c2", "D-c2")] == "ttft_gain", held
-    assert held[("C-c8", "D-c8")] == "not_slower", held
+    assert all(held[(f"C-c{c}", f"D-c{c}")] == "ttft_gain" for c in (1, 2, 4, 8)), held
 
 
 def test_answers_compared_in_every_pair_and_the_models_answers_depend_on_the_prompt(full_run) -> None:
