@@ -1376,3 +1376,25 @@ def test_cpu_example_is_what_its_script_runs() -> None:
     argv = _cpu_example()["environment"]["argv"]
     assert argv[1:5] == ["tests_apc", "-m", "apc and not sweep", "--cpu-node"]
     assert 'python -m pytest tests_apc -m "apc and not sweep" --cpu-node -p no:cacheprovider' in script
+
+
+def test_main_job_page_table_is_what_its_script_prints_of_its_sessions() -> None:
+    """The main job's cost page: main_job_timing.py's table of the sessions it holds, each a passing main job
+    on the CPU profile as it is now (its sweep, its selection), within the 150 s and 1.10 it states."""
+    import json
+
+    from pytest_apc.config import default_for
+
+    folder = DOCS / "results" / "cpu-main-job"
+    records = json.loads((folder / "sessions.json").read_text())
+    page = (folder / "README.md").read_text()
+    assert "<!-- table -->\n" + "\n".join(_script("main_job_timing").table(records)) + "\n" in page
+    assert len(records) >= 3
+    assert all(r["exit"] == 0 and "failed" not in r["outcome"] for r in records)
+    assert default_for("sweep_cases", "cpu") == "CD"
+    assert all(r["runs"] == 12 for r in records)  # A, B, C and D at four levels, E, F
+    assert max(r["suite_s"] for r in records) <= 150
+    assert max(r["overhead_ratio"] for r in records) <= 1.10
+    commits = {r["commit"][:7] for r in records}
+    assert len(commits) == 1
+    assert f"at commit {commits.pop()}" in page
