@@ -323,7 +323,7 @@ def test_results_page_c_d_walk_through_quotes_the_cpu_example() -> None:
     assert f"Median request latency {off['median_e2el_ms']:,.0f} ms OFF, {on['median_e2el_ms']:,.0f} ms ON" in page
     judged = [v for v in data["verdicts"] if set(v["runs"]) & {"C-c8", "D-c8"}]
     assert {v["name"] for v in judged} == {
-        "apc_really_off", "cached_tokens_match", "prefill_saved", "not_slower", "same_answers",
+        "apc_really_off", "cached_tokens_match", "prefill_saved", "ttft_gain", "same_answers",
     }  # fmt: skip
     assert all(v["passed"] for v in judged)
     assert pair["ttft_speedup_low"] > 1
@@ -401,7 +401,7 @@ def test_results_page_other_sections_quote_the_cpu_example() -> None:
         gain = f"{row['ttft_speedup']:.2f}x {word} [{row['ttft_speedup_low']:.2f}, {row['ttft_speedup_high']:.2f}]"
         assert f"{name}'s gain of {gain}" in page or f"{name}'s {gain}" in page
     interval = f"[{cd['ttft_speedup_low']:.2f}, {cd['ttft_speedup_high']:.2f}]"
-    assert f"gain at concurrency {cd['concurrency']} too: {cd['ttft_speedup']:.2f}x {interval}" in page
+    assert f"the example's C/D gain at concurrency {cd['concurrency']} was {cd['ttft_speedup']:.2f}x {interval}" in page
     header = on["chat_header_tokens"]
     assert f"common leading tokens ({header} for the tiny model)" in page
     ratios = f"C/D can reach about {cd['hit_ratio'] * 100:.0f} %"
@@ -1336,6 +1336,8 @@ def test_cpu_payoff_page_table_is_what_the_payoff_script_prints_of_its_files() -
     assert all(r["settings"]["pure_gain_concurrency"] == levels for r in records)
     assert all(r["settings"]["min_bound_fraction"] == fraction for r in records)
     assert len([r for r in records if r["shape"] == "none"]) >= 20
+    earlier = [r for path in sorted(folder.glob("earlier-sessions-*.json")) for r in json.loads(path.read_text())]
+    assert "<!-- earlier -->\n" + "\n".join(power.table(earlier)) + "\n" in page
 
 
 def test_cpu_payoff_page_after_the_frozen_heap_is_what_its_scripts_print_of_its_files() -> None:
