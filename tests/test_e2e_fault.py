@@ -148,7 +148,9 @@ def test_a_cache_wrong_only_under_load_fails_against_the_salted_reference_too(tm
     assert numbers["answers"] == f"{len(wrong)} DIFFER"
     assert "every request under load against its salted reference's" in answers["message"]
     assert f"repeat {wrong[0]['repeat'] + 1}, request {wrong[0]['index']}: parts at character" in answers["message"]
-    assert "only under load" in answers["message"]
+    # Every request judged against an exact reference: no probe, so no claim about what one sent alone saw.
+    assert "D-c8: no probe (every request is judged exactly" in answers["message"]
+    assert "only under load" not in answers["message"]
     assert "its salted reference (each request with a cache_salt of its own):" in answers["message"]
     on = next(r for r in data["runs"] if r["id"] == "D-c8")
     assert on["answers"]["salted"]["prefix_cache_hits"] == 0

@@ -30,7 +30,7 @@ def test_a_resumed_session_starts_only_the_server_it_lacks_and_judges_across_ses
     assert {run["id"]: run for run in data["runs"]}["C-c8"] == off
     assert [pair["answers"] for pair in data["pairs"]] == ["30/30"]
     assert {v["name"] for v in data["verdicts"]} == {
-        "apc_really_off", "cached_tokens_match", "prefill_saved", "not_slower", "same_answers",
+        "apc_really_off", "cached_tokens_match", "prefill_saved", "ttft_gain", "same_answers",
     }  # fmt: skip
     assert all(v["passed"] for v in data["verdicts"]), data["verdicts"]
     report = subprocess.run([sys.executable, "-m", "pytest_apc", "report", str(path)], capture_output=True, text=True)
