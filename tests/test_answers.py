@@ -352,6 +352,8 @@ def test_which_runs_are_probed(pytester: pytest.Pytester, cpu_settings) -> None:
     on, off, route = RunKey("D", 8), RunKey("C", 8), RunKey("R", 8, route="round_robin")
     assert not wants_probe(on, cpu_settings, cpu, salted=False)  # its exact twin judges every request
     assert not wants_probe(off, cpu_settings, cpu, salted=False)  # nor the twin itself
+    assert not wants_probe(off, cpu_settings, invariant, salted=False)  # its APC-on twin has a salted reference
+    assert wants_probe(off, cpu_settings, gpu, salted=False)  # its uncached answers are the twin's reference
     assert not wants_probe(route, cpu_settings, cpu, salted=True)  # its salted reference does
     assert not wants_probe(on, cpu_settings, invariant, salted=True)
     assert wants_probe(on, cpu_settings, bf16, salted=False)  # not exact: the probe's rule judges

@@ -146,6 +146,9 @@ def wants_probe(key: RunKey, settings: Settings, server: ServerInfo, salted: boo
     ``answers_probes`` is given. Multi-turn runs (measured elsewhere) always have it."""
     if settings.given("answers_probes"):
         return True
+    if not key.apc:  # its probes serve only its APC-on twin's comparisons: probed where that run is
+        on = key.pair()[1]
+        return wants_probe(on, settings, server, wants_salted(on, settings, server))
     has_twin = not key.route and not key.hash_algo
     if salted:
         return exact_server(server) is None
