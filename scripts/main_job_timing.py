@@ -65,6 +65,11 @@ COLUMNS = [  # key, heading
 ]
 
 
+def _cells(values: dict[str, float]) -> str:
+    """The columns' values as table cells: the ratio to three decimals, seconds to one."""
+    return " | ".join(f"{values[k]:.3f}" if k == "overhead_ratio" else f"{values[k]:.1f}" for k, _ in COLUMNS)
+
+
 def table(records: list[dict[str, Any]]) -> list[str]:
     """One Markdown row per session, then the median of each column."""
     import numpy as np
@@ -76,12 +81,9 @@ def table(records: list[dict[str, Any]]) -> list[str]:
     ]
     for number, r in enumerate(good, 1):
         outcome = ", ".join(f"{n} {what}" for what, n in r["outcome"].items())
-        cells = " | ".join(f"{r[k]:.3f}" if k == "overhead_ratio" else f"{r[k]:.1f}" for k, _ in COLUMNS)
-        rows.append(f"| {number} | {r['runs']} | {outcome} | {cells} |")
-    medians = [float(np.median([r[k] for r in good])) for k, _ in COLUMNS]
-    shown = (f"{m:.3f}" if k == "overhead_ratio" else f"{m:.1f}" for (k, _), m in zip(COLUMNS, medians, strict=True))
-    cells = " | ".join(shown)
-    rows.append(f"| median | | | {cells} |")
+        rows.append(f"| {number} | {r['runs']} | {outcome} | {_cells(r)} |")
+    medians = {k: float(np.median([r[k] for r in good])) for k, _ in COLUMNS}
+    rows.append(f"| median | | | {_cells(medians)} |")
     return rows
 
 
