@@ -1354,6 +1354,23 @@ def test_cpu_payoff_page_after_the_frozen_heap_is_what_its_scripts_print_of_its_
     assert all(r["shape"] == "none" and r["exit"] == 0 for r in frozen)
 
 
+def test_cpu_ttft_page_is_what_its_scripts_print_of_its_files() -> None:
+    """The page on where a first token's time goes on 2 cores: its per-request split is breakdown.txt as
+    recorded, and its table of runs is summary.py's of runs.csv, whose runs are those of the logs."""
+    import csv
+
+    folder = DOCS / "results" / "cpu-ttft"
+    page = (folder / "README.md").read_text()
+    assert "<!-- breakdown -->\n```\n" + (folder / "breakdown.txt").read_text() + "```\n" in page
+    summary = _script("summary", folder)
+    assert "<!-- runs -->\n" + "\n".join(summary.rows()) + "\n" in page
+    assert "<!-- sessions -->\n" + "\n".join(summary.session_rows()) + "\n" in page
+    logged = {line.split()[0] for log in folder.glob("drive-*.log") for line in log.read_text().splitlines()}
+    rows = list(csv.DictReader((folder / "runs.csv").open()))
+    assert rows
+    assert {row["run"] for row in rows} <= logged
+
+
 def test_h200_exact_page_table_is_what_its_script_prints_of_its_answers(capsys, monkeypatch) -> None:
     """The batch-invariant page's table is compare.py's grouping of the answers file the page holds."""
     folder = DOCS / "results" / "h200-exact"
