@@ -107,6 +107,19 @@ def test_stop_escalates_to_sigkill_and_reaches_the_group(tmp_path: Path) -> None
     assert not list(procs.registry_dir().glob(f"{proc.pid}.pgid"))
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.10 cannot start a child in a group of its own only")
+def test_a_child_has_a_process_group_of_its_own_in_pytests_session(tmp_path: Path) -> None:
+    """Its own group, so that stopping reaches its whole tree; pytest's session, so that a server's busy poll
+    on a shared core yields to the benchmark client (Linux's autogroups share CPU time between sessions)."""
+    with (tmp_path / "log").open("wb") as log:
+        proc = procs.spawn([sys.executable, "-c", "import time; time.sleep(60)"], {}, log)
+    try:
+        assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)
+        assert os.getsid(proc.pid) == os.getsid(0)
+    finally:
+        procs.stop(proc, grace=1.0)
+
+
 @pytest.mark.parametrize(("mode", "measured"), [("warn", True), ("fail", False)])
 def test_kv_working_set_beyond_capacity(pytester: pytest.Pytester, tmp_path: Path, mode: str, measured: bool) -> None:
     settings = apc_config.resolve(pytester.parseconfig("--cpu-node", f"--apc-set=kv_check={mode}"), environ={})
