@@ -18,25 +18,37 @@ import statistics
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
-SWITCH = re.compile(r"\[(\d+)\]\s+\S+\s+([\d.]+): sched_switch: .* ==> next_comm=.* next_pid=(\d+)")
+SWITCH = re.compile(
+    r"\[(\d+)\]\s+\S+\s+([\d.]+): sched_switch: .* prev_pid=(\d+) .*prev_state=(\S+) ==> .* next_pid=(\d+)"
+)
 
 
-def switches(trace: Path) -> list[tuple[float, int, str]]:
-    """(time, core, thread id now running) of every context switch."""
+class Switch(NamedTuple):
+    time: float
+    core: int
+    prev: str  # the thread that left the core
+    state: str  # its state: R (preempted, still runnable), S (sleeping), ...
+    next: str  # the thread now running
+
+
+def switches(trace: Path) -> list[Switch]:
+    """Every context switch of an ftrace text trace (``client_waits.py`` reads the same)."""
     found = []
     for line in trace.read_text(errors="replace").splitlines():
         match = SWITCH.search(line)
         if match:
-            found.append((float(match.group(2)), int(match.group(1)), match.group(3)))
+            core, when, prev, state, following = match.groups()
+            found.append(Switch(float(when), int(core), prev, state, following))
     return found
 
 
-def on_core(events: list[tuple[float, int, str]], start: float, end: float) -> Counter[str]:
+def on_core(events: list[Switch], start: float, end: float) -> Counter[str]:
     """Seconds each thread ran inside [start, end], over both cores."""
     ran: Counter[str] = Counter()
     last: dict[int, tuple[float, str]] = {}
-    for when, core, running in events:
+    for when, core, _, _, running in events:
         if core in last:
             since, thread = last[core]
             overlap = min(when, end) - max(since, start)

@@ -19,7 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-SWITCH = re.compile(r"\s([\d.]+): sched_switch: .* prev_pid=(\d+) .*prev_state=(\S+) ==> .* next_pid=(\d+)")
+from breakdown import Switch, switches  # the one parser of the trace (this folder)
+
 FIELDS = [
     "series", "session", "run", "median_ttft_ms", "late_requests", "client_on_core_ms",
     "client_waiting_ms", "client_longest_wait_ms",
@@ -35,10 +36,10 @@ def client_pid(session: Path) -> str:
     return ""
 
 
-def waits(events: list[tuple[float, str, str, str]], client: str, start: float, end: float) -> list[float]:
+def waits(events: list[Switch], client: str, start: float, end: float) -> list[float]:
     """[seconds on a core, then each wait from being preempted to running again] of ``client``."""
     on_core, found, preempted, since = 0.0, [], None, None
-    for when, prev, state, following in events:
+    for when, _, prev, state, following in events:
         if when < start or when > end:
             continue
         if prev == client:
@@ -59,12 +60,7 @@ def main(argv: list[str]) -> int:
         series, folder = arg.split("=", 1)
         session = Path(folder)
         trace = session / "trace.txt"
-        events = []
-        if trace.exists():
-            for line in trace.read_text(errors="replace").splitlines():
-                match = SWITCH.search(line)
-                if match:
-                    events.append((float(match.group(1)), match.group(2), match.group(3), match.group(4)))
+        events = switches(trace) if trace.exists() else []
         client = client_pid(session)
         for path in sorted(session.glob("apc-results/*/bench/D-c*.json")):
             if not re.fullmatch(r"D-c\d+\.json", path.name):

@@ -103,8 +103,9 @@ def main() -> int:
     def call(url: str, post: bool = False) -> None:
         urllib.request.urlopen(urllib.request.Request(url, data=b"" if post else None)).read()
 
+    turns = args.before.split(",")
     for i in range(args.runs):
-        before = args.before.split(",")[i % len(args.before.split(","))]
+        before = turns[i % len(turns)]
         for level in map(int, args.levels.split(",")):
             if before == "c":
                 run(args.off, level, f"i{i:03d}-C-c{level}")
