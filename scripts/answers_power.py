@@ -59,6 +59,8 @@ def session(
         (kept / "pytest.log").write_text(done.stdout + done.stderr)
         for results in work.glob("apc-results/*/results.json"):
             (kept / "results.json").write_text(results.read_text())
+        for store in work.glob("apc-results/*/store.json"):  # every request's answers, where they were kept
+            (kept / "store.json").write_text(store.read_text())
     if data is None:
         return {"shape": shape, "error": f"no results.json (exit {done.returncode})", "tail": done.stdout[-2000:]}
     answers = next((v for v in data["verdicts"] if v["name"] == "same_answers"), None)
@@ -74,6 +76,10 @@ def session(
         "exact": answers["numbers"].get("exact"),
         "requests_compared": len(requests),
         "requests_identical": sum(r["identical"] for r in requests),
+        # The per-request rule's inputs, where the requests kept their logprobs: outcome, gap and drift (nats).
+        "by_logprobs": [
+            [r["tokens"]["outcome"], r["tokens"]["gap_nats"], r["drift_nats"]] for r in requests if r.get("tokens")
+        ],
         "probe": answers["numbers"].get("cached_vs_uncached"),
         "reference": answers["numbers"].get("reference"),
         "salted_hits": [

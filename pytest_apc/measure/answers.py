@@ -165,15 +165,16 @@ def parse_answer(reply: Mapping[str, Any]) -> Answer:
     try:
         choice = reply["choices"][0]
         content = choice["logprobs"]["content"]
-        tokens = [_token_id(item["token"]) for item in content]
-        top = [{_token_id(t["token"]): float(t["logprob"]) for t in item.get("top_logprobs") or []} for item in content]
+        tokens = [token_id(item["token"]) for item in content]
+        top = [{token_id(t["token"]): float(t["logprob"]) for t in item.get("top_logprobs") or []} for item in content]
         text = str(choice["message"].get("content") or "")
     except (KeyError, IndexError, TypeError, ValueError) as err:
         raise ProbeError(f"the answer has no token logprobs ({type(err).__name__}: {err}): {str(reply)[:300]}") from err
     return Answer(tokens, text, top)
 
 
-def _token_id(token: str) -> int:
+def token_id(token: str) -> int:
+    """A token id out of a logprobs entry's token, as the server writes it with return_tokens_as_token_ids."""
     if not str(token).startswith(TOKEN_ID_PREFIX):
         raise ValueError(f"token {token!r} is not an id (the server ignored return_tokens_as_token_ids)")
     return int(str(token)[len(TOKEN_ID_PREFIX) :])

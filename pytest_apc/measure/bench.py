@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_apc.measure.bench_worker import SALT_OPTION  # imports vLLM only in the child
+from pytest_apc.measure.bench_worker import LOGPROBS_OPTION, SALT_OPTION, answers_file  # vLLM: only in the child
 from pytest_apc.serving.executor import Executor, log_excerpt
 from pytest_apc.workload.cases import RunKey, Workload
 
@@ -44,6 +44,8 @@ class BenchOutcome:
     # prefix_repetition: each request's prefix group (0, 1, ... in order of first appearance), in the order
     # the benchmark sent them (vLLM shuffles the groups with the seed); [] for other datasets.
     prompt_groups: tuple[int, ...] = ()
+    # --answer-logprobs: each request's answer (token ids, text, top-k logprobs), in sending order.
+    answers: list[dict[str, Any]] | None = None
 
 
 def bench_args(
@@ -90,10 +92,11 @@ def bench_args(
 
 def reproduce_command(argv: list[str], api_key: bool = False) -> str:
     """The one-shot command that runs exactly this benchmark, plus its ``vllm bench serve`` spelling (none
-    for a run whose requests each get a cache_salt: vLLM's command line cannot say that)."""
+    for a run whose requests each get a cache_salt, or whose answers are kept with their logprobs: vLLM's
+    command line cannot say that)."""
     prefix = "OPENAI_API_KEY=<your key> " if api_key else ""
     command = prefix + shlex.join([sys.executable, "-m", "pytest_apc.measure.bench", *argv])
-    if SALT_OPTION in argv:
+    if SALT_OPTION in argv or LOGPROBS_OPTION in argv:
         return command
     return f"{command}\n  (equivalent: {shlex.join(['vllm', 'bench', 'serve', *argv])})"
 
@@ -123,6 +126,24 @@ def validate(result_path: Path, num_prompts: int, command: str, log_path: Path) 
             f"had failed requests: completed {completed} of {num_prompts}, failed {failed}\nrequest errors:\n  {sample}"
         )
     return result
+
+
+def read_answers(result_path: Path, num_prompts: int, command: str) -> list[dict[str, Any]]:
+    """The per-request answers a benchmark with ``--answer-logprobs`` wrote beside its result; a missing file,
+    a count that is not the run's or a request whose stream carried no tokens is a :class:`BenchError`."""
+    path = answers_file(result_path)
+    try:
+        answers = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise BenchError(f"the benchmark kept no per-request answers ({path}: {err})\nre-run: {command}") from err
+    empty = [i for i, a in enumerate(answers) if not a.get("tokens")]
+    if len(answers) != num_prompts or empty:
+        raise BenchError(
+            f"the benchmark kept {len(answers)} per-request answers for {num_prompts} requests, "
+            f"{len(empty)} without token logprobs (requests {empty[:10]}): the server did not return "
+            f"logprobs with token ids in its stream ({path})\nre-run: {command}"
+        )
+    return list(answers)
 
 
 def _error_lines(log_path: Path, limit: int = 15) -> str:
@@ -224,7 +245,10 @@ class BenchRunner:
             )
         result = validate(result_path, num_prompts, command, log_path)
         groups = tuple(int(g) for g in reply.get("prompt_groups") or ())
-        return BenchOutcome(result, command, result_path, log_path, round(time.monotonic() - started, 3), groups)
+        answers = read_answers(result_path, num_prompts, command) if LOGPROBS_OPTION in argv else None
+        return BenchOutcome(
+            result, command, result_path, log_path, round(time.monotonic() - started, 3), groups, answers
+        )
 
     def _send(self, request: dict[str, Any], command: str) -> None:
         """One request line on the worker's input; a broken pipe is a worker that is gone."""

@@ -15,11 +15,19 @@ every request a ``cache_salt`` of its own (``PREFIX-<index>``, through the bench
 overrides): vLLM then hashes each request's blocks apart from every other's, so the run is computed without
 the prefix cache, at the same concurrency and in the same order (the answers' same-server reference).
 
+``--answer-logprobs K`` (also this module's own) asks every request for its tokens as ids with their top-K
+logprobs (per-request overrides again) and keeps them: vLLM's chat request function reads each streamed
+chunk and keeps only its text, so the worker wraps that function (a context variable names the request in
+flight) and the JSON parser it reads chunks with, and writes each request's answer, in sending order, to
+``<result file>.answers.json`` beside the benchmark's result. The requests, their timing and vLLM's result
+are vLLM's own; only what the chunks carried is kept as well.
+
 Imported only in the child: the parent (``bench``) never imports vLLM.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import gc
 import json
@@ -28,6 +36,8 @@ import sys
 import traceback
 from pathlib import Path
 from typing import Any
+
+from pytest_apc.measure.answers import token_id
 
 # Arguments that do not change the generated prompts (everything else is part of the prompt-cache key).
 _NOT_DATASET = {
@@ -92,25 +102,144 @@ def chat_samples(args: Any) -> list[Any] | None:
 SALT_OPTION = "--cache-salt-per-request"
 
 
+LOGPROBS_OPTION = "--answer-logprobs"
+
+
+def split_option(argv: list[str], option: str) -> tuple[list[str], str | None]:
+    """``argv`` without ``option`` (one of this module's own) and its value, and that value (None where it is
+    not given)."""
+    if option not in argv:
+        return argv, None
+    at = argv.index(option)
+    return argv[:at] + argv[at + 2 :], argv[at + 1]
+
+
 def split_salt(argv: list[str]) -> tuple[list[str], str | None]:
     """``argv`` without :data:`SALT_OPTION` and its value, and that value (None where it is not given)."""
-    if SALT_OPTION not in argv:
-        return argv, None
-    at = argv.index(SALT_OPTION)
-    return argv[:at] + argv[at + 2 :], argv[at + 1]
+    return split_option(argv, SALT_OPTION)
+
+
+def _need_overrides(samples: list[Any], what: str) -> None:
+    if samples and not hasattr(samples[0], "request_overrides"):
+        raise RuntimeError(
+            f"this vLLM's benchmark has no per-request overrides (SampleRequest.request_overrides), so it cannot "
+            f"{what}: that needs a newer vLLM"
+        )
 
 
 def salted(samples: list[Any], prefix: str) -> list[Any]:
     """Each request with a ``cache_salt`` of its own among its per-request overrides."""
-    if samples and not hasattr(samples[0], "request_overrides"):
-        raise RuntimeError(
-            "this vLLM's benchmark has no per-request overrides (SampleRequest.request_overrides), so it cannot "
-            "send each request with a cache_salt of its own; the answers' same-server reference needs a newer vLLM"
-        )
+    _need_overrides(samples, "send each request with a cache_salt of its own (the answers' same-server reference)")
     return [
         dataclasses.replace(s, request_overrides={**(s.request_overrides or {}), "cache_salt": f"{prefix}-{i}"})
         for i, s in enumerate(samples)
     ]
+
+
+def with_logprobs(samples: list[Any], top_k: int) -> list[Any]:
+    """Each request asking for its tokens as ids with their top-``top_k`` logprobs (the per-request rule of
+    the answers verdict); each with a request id of its own, by which its answer is kept."""
+    _need_overrides(samples, "ask each request for its logprobs")
+    ids = [s.request_id for s in samples]
+    unique = None not in ids and len(set(ids)) == len(ids)
+    asked = {"logprobs": True, "top_logprobs": top_k, "return_tokens_as_token_ids": True}
+    return [
+        dataclasses.replace(
+            s,
+            request_overrides={**(s.request_overrides or {}), **asked},
+            request_id=s.request_id if unique else f"pytest-apc-{i}",
+        )
+        for i, s in enumerate(samples)
+    ]
+
+
+def chunk_answer(chunks: list[Any]) -> dict[str, Any]:
+    """One request's answer out of the chunks its stream carried: its text, token ids and each position's
+    top-k ``[token, logprob]`` pairs (the shape of ``measure.answers.Answer``'s JSON)."""
+    tokens: list[int] = []
+    top: list[list[list[float]]] = []
+    text = ""
+    for data in chunks:
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not choices:
+            continue
+        text += (choices[0].get("delta") or {}).get("content") or ""
+        for item in (choices[0].get("logprobs") or {}).get("content") or []:
+            tokens.append(token_id(item["token"]))
+            top.append([[token_id(t["token"]), float(t["logprob"])] for t in item.get("top_logprobs") or []])
+    return {"tokens": tokens, "text": text, "top": top}
+
+
+_CHUNKS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("pytest_apc_chunks", default=None)
+_CHECKING = contextvars.ContextVar("pytest_apc_checking", default=False)
+
+
+def _keep_answers(answers: dict[str, dict[str, Any]]) -> None:
+    """Wrap vLLM's chat request function so that each request's streamed chunks are kept, as its answer, in
+    ``answers`` under its request id. vLLM parses each chunk with its module's ``json.loads``; its stream
+    handler also parses a chunk's tail only to check that it is whole, which is not kept."""
+    from vllm.benchmarks.lib import endpoint_request_func as requests
+
+    if getattr(requests, "_pytest_apc_answers", None) is not None:
+        requests._pytest_apc_answers = answers  # type: ignore[attr-defined]
+        return
+    requests._pytest_apc_answers = answers  # type: ignore[attr-defined]
+    real_json = requests.json
+
+    class _Json:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real_json, name)
+
+        @staticmethod
+        def loads(text: Any, *args: Any, **kwargs: Any) -> Any:
+            data = real_json.loads(text, *args, **kwargs)
+            chunks = _CHUNKS.get()
+            if chunks is not None and not _CHECKING.get():
+                chunks.append(data)
+            return data
+
+    requests.json = _Json()  # type: ignore[assignment]
+    handler = requests.StreamedResponseHandler
+    add_chunk = handler.add_chunk
+
+    def checked_add_chunk(self: Any, chunk_bytes: bytes) -> list[str]:
+        token = _CHECKING.set(True)
+        try:
+            return add_chunk(self, chunk_bytes)
+        finally:
+            _CHECKING.reset(token)
+
+    handler.add_chunk = checked_add_chunk  # type: ignore[method-assign]
+    chat = requests.ASYNC_REQUEST_FUNCS["openai-chat"]
+
+    async def request(request_func_input: Any, session: Any, pbar: Any = None, **kwargs: Any) -> Any:
+        chunks: list[Any] = []
+        token = _CHUNKS.set(chunks)
+        try:
+            return await chat(request_func_input, session, pbar, **kwargs)
+        finally:
+            _CHUNKS.reset(token)
+            requests._pytest_apc_answers[str(request_func_input.request_id)] = chunk_answer(chunks)  # type: ignore[attr-defined]
+
+    requests.ASYNC_REQUEST_FUNCS["openai-chat"] = request
+
+
+def answers_file(result_path: Path) -> Path:
+    """Where a run's per-request answers go: beside its result file (``<name>.json`` -> ``<name>.answers.json``)."""
+    return result_path.with_name(result_path.name.removesuffix(".json") + ".answers.json")
+
+
+def answers_path(args: Any) -> Path:
+    """:func:`answers_file` of the result the parsed benchmark arguments name (``--result-dir/--result-filename``)."""
+    name = str(getattr(args, "result_filename", None) or "result.json")
+    return answers_file(Path(getattr(args, "result_dir", None) or ".") / name)
+
+
+def _write_answers(sent: dict[str, Any], answers: dict[str, dict[str, Any]], args: Any) -> None:
+    """Each sent request's answer, in sending order (an empty one where its stream carried none)."""
+    empty = {"tokens": [], "text": "", "top": []}
+    kept = [answers.get(str(request_id), empty) for request_id in sent.get("request_ids", [])]
+    answers_path(args).write_text(json.dumps(kept))
 
 
 def quiet_heap() -> None:
@@ -138,7 +267,12 @@ def _memoize_prompts(sent: dict[str, Any]) -> None:
         is_groups = getattr(args, "dataset_name", "") == "prefix_repetition"
         sent["prompt_groups"] = prompt_groups([str(s.prompt) for s in samples]) if is_groups else []
         sent["prompts"] = [s.prompt for s in samples]
-        return salted(samples, sent["salt"]) if sent.get("salt") else samples
+        if sent.get("salt"):
+            samples = salted(samples, sent["salt"])
+        if sent.get("logprobs"):
+            samples = with_logprobs(samples, int(sent["logprobs"]))
+        sent["request_ids"] = [s.request_id for s in samples]
+        return samples
 
     serve.get_samples = get_samples
 
@@ -149,12 +283,17 @@ def _worker() -> int:
     _memoize_prompts(sent)
     from vllm.benchmarks.serve import main
 
+    answers: dict[str, dict[str, Any]] = {}
     saved_out, saved_err = os.dup(1), os.dup(2)
     for line in sys.stdin:
         request = json.loads(line)
         reply: dict[str, Any] = {"ok": True}
         sent.clear()
+        answers.clear()
         argv, sent["salt"] = split_salt(request["argv"])
+        argv, sent["logprobs"] = split_option(argv, LOGPROBS_OPTION)
+        if sent["logprobs"]:
+            _keep_answers(answers)
         with open(request["log"], "ab") as log:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -162,7 +301,10 @@ def _worker() -> int:
             os.dup2(log.fileno(), 2)
             try:
                 quiet_heap()
-                main(parser.parse_args(argv))
+                args = parser.parse_args(argv)
+                main(args)
+                if sent["logprobs"]:
+                    _write_answers(sent, answers, args)
             except BaseException as err:  # noqa: BLE001 - reported to the parent, which fails the test
                 reply = {"ok": False, "error": "".join(traceback.format_exception(err))}
                 traceback.print_exc()
@@ -186,13 +328,19 @@ def main(argv: list[str] | None = None) -> int:
         code = _worker()
     else:
         sent: dict[str, Any] = {}
+        answers: dict[str, dict[str, Any]] = {}
         argv, sent["salt"] = split_salt(argv)
+        argv, sent["logprobs"] = split_option(argv, LOGPROBS_OPTION)
         _memoize_prompts(sent)
+        if sent["logprobs"]:
+            _keep_answers(answers)
         from vllm.benchmarks.serve import main as bench_main
 
         args = _parser().parse_args(argv)
         quiet_heap()
         bench_main(args)
+        if sent["logprobs"]:
+            _write_answers(sent, answers, args)
         code = 0
     sys.stdout.flush()
     sys.stderr.flush()

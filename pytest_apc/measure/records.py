@@ -51,6 +51,9 @@ class Repeat:
     # where the run did not measure it). They are what the gate judges, not recomputed from the file's
     # per-request TTFTs, which it rounds.
     stored_ttft_ms: dict[str, float | None] | None = None
+    # Each request's answer (token ids, text, top-k logprobs; ``Answer`` JSON) where the benchmark asked for
+    # them (``answers_logprobs``); kept in the store, not in the results file (its verdict holds the outcomes).
+    answers: list[dict[str, Any]] | None = None
 
     def ttft_ms(self, statistic: str) -> float | None:
         """This repeat's ``mean`` or ``median`` TTFT (ms) over its requests: the per-repeat values the

@@ -15,7 +15,7 @@ from pathlib import Path
 from pytest_apc.config import Settings
 from pytest_apc.measure import multiturn
 from pytest_apc.measure.answers import Probe, ProbeError, exact_server, run_probe
-from pytest_apc.measure.bench import SALT_OPTION, BenchRunner, bench_args
+from pytest_apc.measure.bench import LOGPROBS_OPTION, SALT_OPTION, BenchRunner, bench_args
 from pytest_apc.measure.records import Repeat, RunRecord
 from pytest_apc.measure.repeat import Bencher, Benchmark
 from pytest_apc.serving.client import http_session
@@ -115,6 +115,8 @@ class Measurer:
             )
             if salt:
                 argv += [SALT_OPTION, salt]
+            if wants_logprobs(key, self.settings, deployment.info):
+                argv += [LOGPROBS_OPTION, str(self.settings.answers_top_k)]
             return [Benchmark(argv, name, workload.num_prompts, keep_prompts=last)]
 
         done = self.bencher.measure_repeat(key, deployment, benchmark)
@@ -122,7 +124,7 @@ class Measurer:
         outcome = counted.outcome
         return Repeat(
             outcome.result, counted.delta, done.metrics_error, done.reset, str(outcome.result_path), outcome.command,
-            counted.parts or {}, done.router_command, list(outcome.prompt_groups),
+            counted.parts or {}, done.router_command, list(outcome.prompt_groups), answers=outcome.answers,
         )  # fmt: skip
 
 
@@ -137,6 +139,23 @@ def wants_salted(key: RunKey, settings: Settings, server: ServerInfo) -> bool:
         return True
     has_twin = not key.route and not key.hash_algo
     return exact_server(server) is not None and (server.batch_invariant or not has_twin)
+
+
+def wants_logprobs(key: RunKey, settings: Settings, server: ServerInfo) -> bool:
+    """Whether a run's requests ask for their tokens with top-k logprobs, so that every request under load
+    can be judged by the near-tie rule (``answers_logprobs``): for ``auto``, where its requests are compared
+    with a reference the build does not compute exactly (on an exact build the texts must be identical, and
+    need none): an APC-on run and its salted run on a server not exact with itself, or an APC-on run and its
+    twin on a build not exact across two servers. Multi-turn runs (probed only) never."""
+    if key.family == "multiturn" or settings.answers_logprobs == "off":
+        return False
+    if settings.answers_logprobs == "on":
+        return True
+    on = key if key.apc else key.pair()[1]
+    if wants_salted(on, settings, server):
+        return key.apc and exact_server(server) is None
+    has_twin = not on.route and not on.hash_algo
+    return has_twin and exact_server(server, alone=False) is None
 
 
 def wants_probe(key: RunKey, settings: Settings, server: ServerInfo, salted: bool) -> bool:

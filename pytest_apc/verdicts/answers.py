@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_apc.config import Settings, default_for
 from pytest_apc.measure.answers import Answer, Probe, curl_command, exact_server, request_body
 from pytest_apc.measure.records import Repeat, RunRecord
 from pytest_apc.verdicts.pairs import Pair
@@ -45,6 +46,7 @@ from pytest_apc.verdicts.verdict import Verdict
 IDENTICAL, NEAR_TIE, DIFFER = "identical", "near tie", "differ"
 SALTED = "salted"  # the requests' reference: the run once more, each request with a cache_salt of its own
 SHOWN_CHARS = 70  # of each text, where two answers are shown side by side
+LOGPROB_NATS: float = default_for("answers_logprob_nats", None)  # where no settings are given
 
 
 @dataclass(frozen=True)
@@ -156,32 +158,80 @@ def salted_errors(run: RunRecord) -> list[str]:
 
 @dataclass(frozen=True)
 class RequestOutcome:
-    """One request of a run's benchmark against the same request of its twin's: identical, or where the two
-    texts first part (a character offset: the benchmark keeps texts, not tokens)."""
+    """One request of a run's benchmark against the same request of its reference: identical, or where the
+    two texts first part (a character offset). Where both requests kept their tokens with top-k logprobs
+    (``answers_logprobs``), also the token comparison (:func:`compare`: identical, near tie or differ) and
+    ``drift_nats``: how far the logprob of a token both answers share moved, at most, before they part."""
 
     repeat: int
     index: int
     identical: bool
     position: int | None = None
     texts: tuple[str, str] = ("", "")
+    tokens: Comparison | None = None
+    drift_nats: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         outcome: dict[str, Any] = {"repeat": self.repeat, "index": self.index, "identical": self.identical}
         if not self.identical:
             outcome |= {"position": self.position, "texts": list(self.texts)}
+        if self.tokens is not None:
+            outcome |= {"tokens": self.tokens.to_json(), "drift_nats": self.drift_nats}
         return outcome
+
+    def within(self, limit_nats: float) -> bool:
+        """The per-request rule where the build is not exact: the answers part (if at all) at a near tie
+        whose two tokens' logprobs are at most ``limit_nats`` apart, and no shared token's logprob moved
+        further before that."""
+        c = self.tokens
+        if c is None or c.outcome == DIFFER:
+            return False
+        gap = c.gap_nats if c.outcome == NEAR_TIE else 0.0
+        return gap is not None and gap <= limit_nats and (self.drift_nats or 0.0) <= limit_nats
 
     def describe(self, names: tuple[str, str]) -> str:
         start = max(0, (self.position or 0) - 10)
         a, b = (t[start:] for t in self.texts)
+        where = f"parts at character {self.position}" if not self.identical else "same text"
+        c = self.tokens
+        if c is not None:
+            if c.outcome == IDENTICAL:
+                where = "same tokens"
+            else:
+                apart = c.gap_nats is not None
+                gap = f", logprobs {c.gap_nats:.3f} nats apart" if apart else ", outside each other's top-k"
+                where = f"parts at token {c.position} ({c.outcome}{gap})"
+            where += f"; shared tokens' logprobs moved up to {self.drift_nats or 0.0:.3f} nats"
         return (
-            f"repeat {self.repeat + 1}, request {self.index}: parts at character {self.position}\n"
+            f"repeat {self.repeat + 1}, request {self.index}: {where}\n"
             f"    {names[0]:>9}: {_shown(a)}\n    {names[1]:>9}: {_shown(b)}"
         )
 
 
 def _parting(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def drift(a: Answer, b: Answer, upto: int) -> float:
+    """The largest move of a shared token's logprob between two answers, over their first ``upto`` tokens
+    (where they are the same; each one's own logprob, from its top-k)."""
+    moved = 0.0
+    for position in range(min(upto, len(a.tokens), len(b.tokens), len(a.top), len(b.top))):
+        token = a.tokens[position]
+        if token != b.tokens[position] or token not in a.top[position] or token not in b.top[position]:
+            break
+        moved = max(moved, abs(a.top[position][token] - b.top[position][token]))
+    return moved
+
+
+def request_outcome(repeat: int, index: int, a: str, b: str, answers: tuple[Answer, Answer] | None) -> RequestOutcome:
+    """One request's texts compared, and its tokens where both kept them."""
+    same = a == b
+    tokens, moved = None, None
+    if answers is not None:
+        tokens = compare(index, *answers)
+        moved = drift(*answers, tokens.position if tokens.position is not None else len(answers[0].tokens))
+    return RequestOutcome(repeat, index, same, None if same else _parting(a, b), (a, b), tokens, moved)
 
 
 def under_load(run: RunRecord, reference: RunRecord) -> list[RequestOutcome] | None:
@@ -200,14 +250,22 @@ def against_salted(run: RunRecord) -> list[RequestOutcome] | None:
 def _requests(run: RunRecord, reference_of: Callable[[int], Repeat]) -> list[RequestOutcome] | None:
     outcomes: list[RequestOutcome] = []
     for number, repeat in enumerate(run.repeats):
+        reference = reference_of(number)
         mine = repeat.bench.get("generated_texts")
-        theirs = reference_of(number).bench.get("generated_texts")
+        theirs = reference.bench.get("generated_texts")
         if not mine or not theirs or len(mine) != len(theirs):
             return None
+        kept = _answers(repeat, reference, len(mine))
         for index, (a, b) in enumerate(zip(mine, theirs, strict=True)):
-            same = a == b
-            outcomes.append(RequestOutcome(number, index, same, None if same else _parting(a, b), (a, b)))
+            outcomes.append(request_outcome(number, index, a, b, kept[index] if kept else None))
     return outcomes
+
+
+def _answers(repeat: Repeat, reference: Repeat, count: int) -> list[tuple[Answer, Answer]] | None:
+    """Both benchmarks' per-request answers with their logprobs, where both kept one for every request."""
+    if not repeat.answers or not reference.answers or not len(repeat.answers) == len(reference.answers) == count:
+        return None
+    return [(Answer.from_json(a), Answer.from_json(b)) for a, b in zip(repeat.answers, reference.answers, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -225,6 +283,7 @@ class Compared:
     requests: list[RequestOutcome] | None = None  # every request under load against its reference's
     exact: str | None = None  # why the build is exact, where it is: then ``requests`` are judged
     against: str = ""  # what ``requests`` were compared with: SALTED, or the twin's run id
+    limit_nats: float = LOGPROB_NATS  # the per-request rule's limit, where the requests kept their logprobs
 
     @property
     def against_name(self) -> str:
@@ -235,11 +294,19 @@ class Compared:
         return f"{self.against}'s"
 
     @property
+    def by_logprobs(self) -> bool:
+        """Whether the requests are judged by the per-request rule on their logprobs: where the build is not
+        exact and every compared request kept its tokens with top-k logprobs."""
+        return self.exact is None and bool(self.requests) and all(r.tokens is not None for r in self.requests or [])
+
+    @property
     def requests_judged(self) -> bool:
-        return self.exact is not None and self.requests is not None
+        return self.requests is not None and (self.exact is not None or self.by_logprobs)
 
     @property
     def requests_differ(self) -> list[RequestOutcome]:
+        if self.by_logprobs:
+            return [r for r in self.requests or [] if not r.within(self.limit_nats)]
         return [r for r in self.requests or [] if not r.identical]
 
     @property
@@ -271,8 +338,9 @@ class Compared:
         return f"{found[IDENTICAL] + found[NEAR_TIE]}/{len(self.judged)}"
 
 
-def compared(run: RunRecord, reference: RunRecord | None = None) -> Compared:
-    """The comparisons of ``run``'s probed answers, and of ``reference``'s where given (see :class:`Compared`)."""
+def compared(run: RunRecord, reference: RunRecord | None = None, limit_nats: float = LOGPROB_NATS) -> Compared:
+    """The comparisons of ``run``'s probed answers, and of ``reference``'s where given (see :class:`Compared`);
+    ``limit_nats``: the per-request rule's (``answers_logprob_nats``)."""
     errors = [f"{r.key.id}: the answers probe failed: {r.probe_error}" for r in (run, reference) if r and r.probe_error]
     errors += salted_errors(run)
     if errors:
@@ -285,16 +353,18 @@ def compared(run: RunRecord, reference: RunRecord | None = None) -> Compared:
         requests, exact, against = under_load(run, reference), exact_build(run, reference), reference.key.id
     else:
         requests, exact, against = None, None, ""
-    return Compared(run, reference, cached_against_uncached(run), twin, floor, [], requests, exact, against)
+    return Compared(run, reference, cached_against_uncached(run), twin, floor, [], requests, exact, against, limit_nats)
 
 
-def same_answers(subject: Pair | RunRecord) -> Verdict:
+def same_answers(subject: Pair | RunRecord, settings: Settings | None = None) -> Verdict:
     """Every probed answer served from the cache agrees with the same prompt's answer computed without it:
     on the same server (a cache_salt of its own), and, for a pair, on its twin (APC off, or no tier).
-    Its numbers' ``answers`` is the report row's cell (:attr:`Compared.cell`)."""
+    Its numbers' ``answers`` is the report row's cell (:attr:`Compared.cell`). ``settings`` (a pair's own
+    where not given) supplies the per-request rule's ``answers_logprob_nats``."""
     run = subject.on if isinstance(subject, Pair) else subject
     reference = subject.off if isinstance(subject, Pair) else None
-    found = compared(run, reference)
+    settings = settings or (subject.settings if isinstance(subject, Pair) else None)
+    found = compared(run, reference, settings.answers_logprob_nats if settings else LOGPROB_NATS)
     runs = [run.key.id] + ([reference.key.id] if reference else [])
     if found.errors:
         message = "\n".join([*found.errors, _reproduce(run, reference)])
@@ -311,18 +381,22 @@ def same_answers(subject: Pair | RunRecord) -> Verdict:
     judged = found.judged
     if reference is not None and (twin or floor):
         twin_name = reference.key.id
-        reported = "" if found.twin_judged else " (reported: its salted reference is the exact one)"
+        reported = "" if found.twin_judged else " (reported: every request is judged against its salted reference)"
         what = f"cached against the {reference.server.mode} server ({twin_name}){reported}"
         lines += _section(what, twin, twin_name)
         lines.append(_line("uncached against uncached, the two servers (noise floor, reported)", floor))
     differ = [c for c in judged if c.outcome == DIFFER]
     wrong_under_load = found.requests_differ if found.requests_judged else []
     if differ or wrong_under_load:
-        why = (
-            f"the build is exact ({found.exact}), so no floating-point noise parts two correct answers"
-            if wrong_under_load
-            else "not floating-point noise: the tokens are outside each other's top-k"
-        )
+        if wrong_under_load and found.by_logprobs:
+            why = (
+                f"more than floating-point noise: answers part where their tokens are not a near tie within "
+                f"{found.limit_nats} nats, or a shared token's logprob moved further (answers_logprob_nats)"
+            )
+        elif wrong_under_load:
+            why = f"the build is exact ({found.exact}), so no floating-point noise parts two correct answers"
+        else:
+            why = "not floating-point noise: the tokens are outside each other's top-k"
         lines.append(
             "diagnosis: the cache served content that is not what these prompts compute: a block table, hash "
             f"or tier that returns other tokens' KV with the right counts ({why})"
@@ -369,7 +443,15 @@ def _under_load_lines(found: Compared) -> list[str]:
     )
     if not found.requests_judged:
         return [f"{head} (reported: the build is not known to be exact, so two correct answers may part at a near tie)"]
-    lines = [f"{head} (judged: {found.exact} gives the same tokens whatever the batch)"]
+    if found.by_logprobs:
+        agree = len(found.requests) - len(found.requests_differ)
+        lines = [
+            f"{head}, {agree}/{compared_count} within the per-request rule (judged on each request's top-k "
+            f"logprobs: a parting near tie and shared tokens' logprobs within {found.limit_nats} nats; the build "
+            "is not exact, so correct answers may part)"
+        ]
+    else:
+        lines = [f"{head} (judged: {found.exact} gives the same tokens whatever the batch)"]
     wrong = found.requests_differ
     for outcome in wrong[:SHOWN_REQUESTS]:
         lines.append("  " + "\n  ".join(outcome.describe((found.run.key.id, found.against)).splitlines()))
