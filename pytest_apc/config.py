@@ -975,28 +975,15 @@ class Settings:
         _one_of("auto", "on", "off"),
         "auto",
         (
-            "Answers: every request of the compared runs (the APC-on run's repeats and its reference: the salted "
-            "run or the twin) asks for its tokens as ids with their top-k logprobs (answers_top_k), kept beside "
-            "the benchmark's result, so that each request is judged by the near-tie rule where the build is not "
-            "exact: the first token where two answers part must be a near tie, and the tokens before it must "
-            "have the same logprobs within answers_logprob_nats. auto: where requests are compared on a build "
-            "not known to be exact (on an exact one the texts must be identical and need none). Logprobs add "
-            "work to the timed runs (the sampler's top-k, bigger stream chunks): off keeps them out, and the "
-            "requests are then only reported there"
+            "Answers: every request of a pair's two runs and of the salted reference asks for its tokens as ids "
+            "with their top-k logprobs (answers_top_k), kept beside the benchmark's result, so that where the "
+            "build is not exact each request answered under load is judged by the near-tie rule against its "
+            "salted reference: where the two answers first part, each one's token must be among the other's "
+            "top-k. auto: on a build not known to be exact (on an exact one the texts must be identical and need "
+            "none). Both runs of a pair carry them, so the pair's timing compares the same work; off keeps them "
+            "out of the timed runs, and the requests are then only reported there"
         ),
         "auto|on|off",
-        group="thresholds",
-    )
-    answers_logprob_nats: float = setting(
-        number(float, low=0),
-        0.25,
-        (
-            "Answers, per-request rule: how far the logprob of a token two answers share may move between the "
-            "cached answer and its reference (before the first token where they part), and how far apart the two "
-            "parting tokens' logprobs may be, in nats. Floating-point noise of a healthy cache moves them by "
-            "hundredths; a cache that serves other tokens' content moves them further"
-        ),
-        "NATS",
         group="thresholds",
     )
     batch_invariant: str = setting(

@@ -328,16 +328,42 @@ def test_which_runs_get_a_salted_reference(cpu_settings) -> None:
     on, off, turns = RunKey("D", 8), RunKey("C", 8), RunKey("M", 1)
     assert not wants_salted(on, cpu_settings, cpu)  # auto: the CPU float32 twin is the exact reference
     assert wants_salted(on, cpu_settings, invariant)
+    no_logprobs = replace(cpu_settings, answers_logprobs="off")
     for twinless in (RunKey("R", 8, route="round_robin"), RunKey("D", 8, "xxhash")):
         assert wants_salted(twinless, cpu_settings, cpu)  # no twin: the salted reference, where exact
-        assert not wants_salted(twinless, cpu_settings, server)  # not known to be exact: the probe alone
+        assert wants_salted(twinless, cpu_settings, server)  # not known to be exact: judged on logprobs
+        assert not wants_salted(twinless, no_logprobs, server)  # ... unless they are off: the probe alone
+    # Not known to be exact: every request judged on its logprobs against the same server's salted run (two
+    # servers' uncached answers part outside each other's top-k there); without logprobs the twin, reported.
+    assert wants_salted(on, cpu_settings, server)
+    assert not wants_salted(on, no_logprobs, server)
     assert not wants_salted(off, cpu_settings, invariant)  # APC off: nothing to judge
     salted = replace(cpu_settings, answers_reference="salted")
     assert wants_salted(on, salted, server)
     assert not wants_salted(turns, salted, server)  # multi-turn runs are probed only
     assert not wants_salted(on, replace(cpu_settings, answers_reference="twin"), invariant)
     eager = ServerInfo("apc-on", ["vllm", "--enforce-eager"], "", "", batch_invariant=True)
-    assert not wants_salted(on, cpu_settings, eager)  # eager is not exact with itself: the twin, reported
+    assert wants_salted(on, cpu_settings, eager)  # eager is not exact with itself: judged on logprobs
+    assert not wants_salted(on, no_logprobs, eager)  # ... or without them the twin, reported
+
+
+def test_which_runs_keep_their_logprobs(cpu_settings) -> None:
+    """Where the build is not known to be exact, both runs of a pair (the same work for the timing) keep
+    every request's tokens with top-k logprobs; on an exact build none do; multi-turn runs never."""
+    from dataclasses import replace
+
+    from pytest_apc.measure.run import wants_logprobs
+
+    server = ServerInfo("apc-on", [], "", "")
+    cpu = ServerInfo("apc-on", list(EXACT["command"]), "", "", kv_cache_line=EXACT["kv_cache_line"])
+    invariant = ServerInfo("apc-on", [], "", "", batch_invariant=True)
+    for key in (RunKey("D", 8), RunKey("C", 8), RunKey("R", 8, route="round_robin")):
+        assert wants_logprobs(key, cpu_settings, server)
+        assert not wants_logprobs(key, cpu_settings, cpu)
+        assert not wants_logprobs(key, cpu_settings, invariant)
+        assert not wants_logprobs(key, replace(cpu_settings, answers_logprobs="off"), server)
+        assert wants_logprobs(key, replace(cpu_settings, answers_logprobs="on"), cpu)
+    assert not wants_logprobs(RunKey("M", 1), replace(cpu_settings, answers_logprobs="on"), server)
 
 
 def test_which_runs_are_probed(pytester: pytest.Pytester, cpu_settings) -> None:

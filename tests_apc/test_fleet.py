@@ -29,10 +29,10 @@ def test_prefix_locality(apc_run, apc_settings, apc_assert):
 
 
 @pytest.mark.apc_cases("R", fleet=True)
-def test_same_answers(apc_run, apc_settings, apc_assert):
+def test_same_answers(apc_run, apc_assert):
     """Through the router, answers served from a replica's cache agree with the same prompts' answers
     computed without it (a cache_salt of their own)."""
-    apc_assert(verdicts.same_answers(apc_run, apc_settings))
+    apc_assert(verdicts.same_answers(apc_run))
 
 
 @pytest.mark.apc_cases("M", fleet=True)

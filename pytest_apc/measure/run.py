@@ -130,32 +130,29 @@ class Measurer:
 
 def wants_salted(key: RunKey, settings: Settings, server: ServerInfo) -> bool:
     """Whether an APC-on run gets the salted reference run (``answers_reference``; multi-turn runs are
-    probed only): always for ``salted``; for ``auto`` where the server is exact with itself and the twin is
-    no exact reference: vLLM's batch-invariant mode (two servers part there; not eager, which is not exact
-    with itself), or a run without a twin (a fleet route, a hash-algorithm server) on an exact build."""
+    probed only): always for ``salted``; for ``auto`` where the twin is no reference that a request can be
+    judged against: vLLM's batch-invariant mode (exact with itself, not with its twin; not eager, which is
+    not exact with itself), a run without a twin (a fleet route, a hash-algorithm server) on an exact build,
+    and any run whose requests keep their logprobs on a build not exact (two servers' uncached answers were
+    measured to part outside each other's top-k there, one server's salted and cached ones not)."""
     if not key.apc or key.family == "multiturn" or settings.answers_reference == "twin":
         return False
     if settings.answers_reference == "salted":
         return True
     has_twin = not key.route and not key.hash_algo
-    return exact_server(server) is not None and (server.batch_invariant or not has_twin)
+    if exact_server(server) is None:
+        return wants_logprobs(key, settings, server)
+    return server.batch_invariant or not has_twin
 
 
 def wants_logprobs(key: RunKey, settings: Settings, server: ServerInfo) -> bool:
     """Whether a run's requests ask for their tokens with top-k logprobs, so that every request under load
-    can be judged by the near-tie rule (``answers_logprobs``): for ``auto``, where its requests are compared
-    with a reference the build does not compute exactly (on an exact build the texts must be identical, and
-    need none): an APC-on run and its salted run on a server not exact with itself, or an APC-on run and its
-    twin on a build not exact across two servers. Multi-turn runs (probed only) never."""
+    can be judged by the near-tie rule (``answers_logprobs``): for ``auto``, where the server is not known to
+    be exact (on an exact build the texts must be identical, and need none). Both runs of a pair alike, so
+    that their timing compares the same work, and the salted run. Multi-turn runs (probed only) never."""
     if key.family == "multiturn" or settings.answers_logprobs == "off":
         return False
-    if settings.answers_logprobs == "on":
-        return True
-    on = key if key.apc else key.pair()[1]
-    if wants_salted(on, settings, server):
-        return key.apc and exact_server(server) is None
-    has_twin = not on.route and not on.hash_algo
-    return has_twin and exact_server(server, alone=False) is None
+    return settings.answers_logprobs == "on" or exact_server(server) is None
 
 
 def wants_probe(key: RunKey, settings: Settings, server: ServerInfo, salted: bool) -> bool:

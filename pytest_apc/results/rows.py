@@ -27,7 +27,6 @@ from pytest_apc.measure.records import MeasurementError, RunRecord, tier_hits
 from pytest_apc.results.columns import Column, Row, present, stored
 from pytest_apc.results.formatting import ARROW, MISSING, compact, num, two
 from pytest_apc.verdicts import affinity, answers, figures, locality
-from pytest_apc.verdicts.answers import LOGPROB_NATS
 from pytest_apc.verdicts.stats import Interval, median_interval
 from pytest_apc.verdicts.verdict import FASTER, NOT_SLOWER, found, held_to
 from pytest_apc.workload.cases import PAIRS, RunKey
@@ -196,8 +195,7 @@ class PairRow(MeasuredRow):
             input_throughput_off=off_json["input_throughput"], input_throughput_on=on_json["input_throughput"],
             output_throughput_off=off_json["output_throughput"], output_throughput_on=on_json["output_throughput"],
             median_e2el_off_ms=off_json["median_e2el_ms"], median_e2el_on_ms=on_json["median_e2el_ms"],
-            answers=answers.compared(on, off, settings.answers_logprob_nats).cell,
-            timing=outcomes.timing({off.key.id, on.key.id}),
+            answers=answers.compared(on, off).cell, timing=outcomes.timing({off.key.id, on.key.id}),
             verdict=outcomes.verdict_label({off.key.id, on.key.id}), runs=(off, on),
         )  # fmt: skip
 
@@ -257,8 +255,7 @@ class AlgoRow(MeasuredRow):
             median_ttft_default_ms=default.median_ms(), median_ttft_ms=run.median_ms(),
             ttft_ratio=ratio.estimate if ratio else None, ttft_ratio_low=ratio.low if ratio else None,
             ttft_ratio_high=ratio.high if ratio else None,
-            duration_default_s=default.duration_s, duration_s=run.duration_s,
-            answers=answers.compared(run, limit_nats=settings.answers_logprob_nats).cell,
+            duration_default_s=default.duration_s, duration_s=run.duration_s, answers=answers.compared(run).cell,
             # The algorithm's own verdicts and the comparison; the default run's own belong to its pair.
             verdict=outcomes.verdict_label({run.key.id}, compared_with={default.key.id}), runs=(run, default),
         )  # fmt: skip
@@ -387,7 +384,7 @@ class FleetRow(MeasuredRow):
             ideal_hits=found.prediction.expected_hits if found else None,
             extra_prefill_tokens=found.extra_prefill_tokens if found else None,
             routing_cost=found.routing_cost if found else None,
-            **cls._timing(run, ttft), answers=answers.compared(run, limit_nats=settings.answers_logprob_nats).cell,
+            **cls._timing(run, ttft), answers=answers.compared(run).cell,
             passed=_passed(outcomes.verdict_label({run.key.id})), error=error, runs=(run,),
         )  # fmt: skip
 
@@ -489,10 +486,8 @@ class TierRow(MeasuredRow):
         outcomes: Outcomes,
         compared_with: Collection[str] = (),
         reference: RunRecord | None = None,
-        limit_nats: float = LOGPROB_NATS,
     ) -> TierRow:
-        """``reference``: the run without the tier that the tier's run is compared with (its answers too);
-        ``limit_nats``: the answers' per-request rule's."""
+        """``reference``: the run without the tier that the tier's run is compared with (its answers too)."""
         d = run.repeats[0].delta
         sizes = run.server.offload
         replayed = run.local_hits_predicted
@@ -510,8 +505,7 @@ class TierRow(MeasuredRow):
             gpu_cache_hits_replayed=replayed,
             prefix_cache_queries=d.prefix_cache_queries if d else None,
             median_ttft_ms=run.median_ms("ttfts"), p90_ttft_ms=run.percentile_ms("ttfts", 90, "p90_ttft_ms"),
-            p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"),
-            answers=answers.compared(run, reference, limit_nats).cell,
+            p99_ttft_ms=run.percentile_ms("ttfts", 99, "p99_ttft_ms"), answers=answers.compared(run, reference).cell,
             verdict=outcomes.verdict_label({run.key.id}, compared_with), runs=(run,),
         )  # fmt: skip
 
@@ -548,12 +542,10 @@ def fleet_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes, settings
     return [FleetRow.build(records[key], outcomes, settings) for key in keys]
 
 
-def tier_rows(
-    records: Mapping[RunKey, RunRecord], outcomes: Outcomes, limit_nats: float = LOGPROB_NATS
-) -> list[TierRow]:
+def tier_rows(records: Mapping[RunKey, RunRecord], outcomes: Outcomes) -> list[TierRow]:
     """Every run on a small GPU cache (the offload case, then the multi-turn case's), by concurrency, without
     the tier first. Each row is compared with the other tier's run at its concurrency (a verdict comparing the
-    two judges both rows); ``limit_nats``: the answers' per-request rule's."""
+    two judges both rows)."""
     keys = sorted((k for k in records if k.mode.cache), key=lambda k: (k.family, k.concurrency, k.mode.tier))
     return [
         TierRow.build(
@@ -563,7 +555,6 @@ def tier_rows(
             records.get(RunKey(PAIRS[key.case], key.concurrency))
             if key.case in PAIRS and key.family == "offload"
             else None,
-            limit_nats,
         )
         for key in keys
     ]
@@ -586,7 +577,7 @@ class ReportData:
             algo_rows(records, outcomes, settings),
             list(outcomes.verdicts),
             fleet_rows(records, outcomes, settings),
-            tier_rows(records, outcomes, settings.answers_logprob_nats),
+            tier_rows(records, outcomes),
         )
 
     def pair_numbers(self) -> list[dict[str, Any]]:

@@ -37,7 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_apc.config import Settings, default_for
 from pytest_apc.measure.answers import Answer, Probe, curl_command, exact_server, request_body
 from pytest_apc.measure.records import Repeat, RunRecord
 from pytest_apc.verdicts.pairs import Pair
@@ -46,7 +45,6 @@ from pytest_apc.verdicts.verdict import Verdict
 IDENTICAL, NEAR_TIE, DIFFER = "identical", "near tie", "differ"
 SALTED = "salted"  # the requests' reference: the run once more, each request with a cache_salt of its own
 SHOWN_CHARS = 70  # of each text, where two answers are shown side by side
-LOGPROB_NATS: float = default_for("answers_logprob_nats", None)  # where no settings are given
 
 
 @dataclass(frozen=True)
@@ -160,8 +158,9 @@ def salted_errors(run: RunRecord) -> list[str]:
 class RequestOutcome:
     """One request of a run's benchmark against the same request of its reference: identical, or where the
     two texts first part (a character offset). Where both requests kept their tokens with top-k logprobs
-    (``answers_logprobs``), also the token comparison (:func:`compare`: identical, near tie or differ) and
-    ``drift_nats``: how far the logprob of a token both answers share moved, at most, before they part."""
+    (``answers_logprobs``), also the token comparison (:func:`compare`: identical, near tie or differ) and,
+    reported only, ``drift_nats``: how far the logprob of a token both answers share moved, at most, before
+    they part (on a random-weight model a healthy cache's noise moves them as far as a wrong cache does)."""
 
     repeat: int
     index: int
@@ -179,15 +178,11 @@ class RequestOutcome:
             outcome |= {"tokens": self.tokens.to_json(), "drift_nats": self.drift_nats}
         return outcome
 
-    def within(self, limit_nats: float) -> bool:
-        """The per-request rule where the build is not exact: the answers part (if at all) at a near tie
-        whose two tokens' logprobs are at most ``limit_nats`` apart, and no shared token's logprob moved
-        further before that."""
-        c = self.tokens
-        if c is None or c.outcome == DIFFER:
-            return False
-        gap = c.gap_nats if c.outcome == NEAR_TIE else 0.0
-        return gap is not None and gap <= limit_nats and (self.drift_nats or 0.0) <= limit_nats
+    @property
+    def agrees(self) -> bool:
+        """The per-request rule where the build is not exact (vLLM's own, as for the probe): the two answers'
+        tokens are the same, or part at a near tie (each one's token among the other's top-k)."""
+        return self.tokens is not None and self.tokens.outcome != DIFFER
 
     def describe(self, names: tuple[str, str]) -> str:
         start = max(0, (self.position or 0) - 10)
@@ -283,7 +278,6 @@ class Compared:
     requests: list[RequestOutcome] | None = None  # every request under load against its reference's
     exact: str | None = None  # why the build is exact, where it is: then ``requests`` are judged
     against: str = ""  # what ``requests`` were compared with: SALTED, or the twin's run id
-    limit_nats: float = LOGPROB_NATS  # the per-request rule's limit, where the requests kept their logprobs
 
     @property
     def against_name(self) -> str:
@@ -306,7 +300,7 @@ class Compared:
     @property
     def requests_differ(self) -> list[RequestOutcome]:
         if self.by_logprobs:
-            return [r for r in self.requests or [] if not r.within(self.limit_nats)]
+            return [r for r in self.requests or [] if not r.agrees]
         return [r for r in self.requests or [] if not r.identical]
 
     @property
@@ -338,9 +332,8 @@ class Compared:
         return f"{found[IDENTICAL] + found[NEAR_TIE]}/{len(self.judged)}"
 
 
-def compared(run: RunRecord, reference: RunRecord | None = None, limit_nats: float = LOGPROB_NATS) -> Compared:
-    """The comparisons of ``run``'s probed answers, and of ``reference``'s where given (see :class:`Compared`);
-    ``limit_nats``: the per-request rule's (``answers_logprob_nats``)."""
+def compared(run: RunRecord, reference: RunRecord | None = None) -> Compared:
+    """The comparisons of ``run``'s probed answers, and of ``reference``'s where given (see :class:`Compared`)."""
     errors = [f"{r.key.id}: the answers probe failed: {r.probe_error}" for r in (run, reference) if r and r.probe_error]
     errors += salted_errors(run)
     if errors:
@@ -353,18 +346,16 @@ def compared(run: RunRecord, reference: RunRecord | None = None, limit_nats: flo
         requests, exact, against = under_load(run, reference), exact_build(run, reference), reference.key.id
     else:
         requests, exact, against = None, None, ""
-    return Compared(run, reference, cached_against_uncached(run), twin, floor, [], requests, exact, against, limit_nats)
+    return Compared(run, reference, cached_against_uncached(run), twin, floor, [], requests, exact, against)
 
 
-def same_answers(subject: Pair | RunRecord, settings: Settings | None = None) -> Verdict:
+def same_answers(subject: Pair | RunRecord) -> Verdict:
     """Every probed answer served from the cache agrees with the same prompt's answer computed without it:
     on the same server (a cache_salt of its own), and, for a pair, on its twin (APC off, or no tier).
-    Its numbers' ``answers`` is the report row's cell (:attr:`Compared.cell`). ``settings`` (a pair's own
-    where not given) supplies the per-request rule's ``answers_logprob_nats``."""
+    Its numbers' ``answers`` is the report row's cell (:attr:`Compared.cell`)."""
     run = subject.on if isinstance(subject, Pair) else subject
     reference = subject.off if isinstance(subject, Pair) else None
-    settings = settings or (subject.settings if isinstance(subject, Pair) else None)
-    found = compared(run, reference, settings.answers_logprob_nats if settings else LOGPROB_NATS)
+    found = compared(run, reference)
     runs = [run.key.id] + ([reference.key.id] if reference else [])
     if found.errors:
         message = "\n".join([*found.errors, _reproduce(run, reference)])
@@ -389,10 +380,7 @@ def same_answers(subject: Pair | RunRecord, settings: Settings | None = None) ->
     wrong_under_load = found.requests_differ if found.requests_judged else []
     if differ or wrong_under_load:
         if wrong_under_load and found.by_logprobs:
-            why = (
-                f"more than floating-point noise: answers part where their tokens are not a near tie within "
-                f"{found.limit_nats} nats, or a shared token's logprob moved further (answers_logprob_nats)"
-            )
+            why = "not floating-point noise: under load, answers part at tokens outside each other's top-k"
         elif wrong_under_load:
             why = f"the build is exact ({found.exact}), so no floating-point noise parts two correct answers"
         else:
@@ -446,9 +434,8 @@ def _under_load_lines(found: Compared) -> list[str]:
     if found.by_logprobs:
         agree = len(found.requests) - len(found.requests_differ)
         lines = [
-            f"{head}, {agree}/{compared_count} within the per-request rule (judged on each request's top-k "
-            f"logprobs: a parting near tie and shared tokens' logprobs within {found.limit_nats} nats; the build "
-            "is not exact, so correct answers may part)"
+            f"{head}, {agree}/{compared_count} agreeing (judged per request on its top-k logprobs: the build is not "
+            "exact, so two correct answers may part, at a near tie)"
         ]
     else:
         lines = [f"{head} (judged: {found.exact} gives the same tokens whatever the batch)"]
