@@ -55,7 +55,9 @@ def session(
     )
     if keep:
         kept = keep / f"{marker}-{shape}-{time.strftime('%H%M%S')}"
-        kept.mkdir(parents=True, exist_ok=True)
+        while kept.exists():  # another stream's session ended within the same second
+            kept = kept.with_name(kept.name + "b")
+        kept.mkdir(parents=True)
         (kept / "pytest.log").write_text(done.stdout + done.stderr)
         for results in work.glob("apc-results/*/results.json"):
             (kept / "results.json").write_text(results.read_text())

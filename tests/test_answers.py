@@ -445,3 +445,58 @@ def test_batch_invariant_mode_is_asked_for_in_the_launched_servers_environment(c
         assert (server.env.get("VLLM_BATCH_INVARIANT") == "1") is expected
         server._command(8000)
         assert server.info.batch_invariant is expected
+
+
+def logprob_pair(settings, on_answers: list[Answer], salted_answers: list[Answer]) -> Pair:
+    """A GPU pair in vLLM's default kernels (not exact) whose requests kept their tokens with top-k logprobs:
+    the APC-on run's against its salted reference's."""
+    on = run("D", [], texts=[[a.text for a in on_answers]], **GPU)
+    on.repeats[0].answers = [a.to_json() for a in on_answers]
+    on.salted = salted_repeat([a.text for a in salted_answers])
+    on.salted.answers = [a.to_json() for a in salted_answers]
+    off = run("C", [], texts=[["other"] * len(on_answers)], **GPU)
+    return Pair(off, on, settings)
+
+
+def test_where_the_build_is_not_exact_each_request_is_judged_on_its_logprobs(cpu_settings) -> None:
+    """Two correct answers may part at a near tie (each one's token among the other's top-k): they agree;
+    an answer that parts at a token its reference did not consider fails, named with the token and both
+    texts; identical texts are not enough, the tokens are what is judged."""
+    tie_a = Answer([1, 2, 3], "one two three", [{1: -0.1}, {2: -0.70, 7: -0.71}, {3: -0.1}])
+    tie_b = Answer([1, 7, 9], "one seven nine", [{1: -0.1}, {7: -0.69, 2: -0.70}, {9: -0.1}])
+    healthy = logprob_pair(cpu_settings, [answer([4, 5]), tie_a], [answer([4, 5]), tie_b])
+    found = answers.same_answers(healthy)
+    assert found.passed, found.message
+    assert "1/2 identical, 2/2 agreeing (judged per request on its top-k logprobs" in found.message
+    assert found.numbers["answers"] == "2/2"
+    kept = found.numbers["requests"][1]
+    assert kept["tokens"]["outcome"] == answers.NEAR_TIE
+    assert kept["tokens"]["position"] == 1
+    assert kept["drift_nats"] == pytest.approx(0.0)
+
+    wrong = logprob_pair(cpu_settings, [answer([4, 5]), answer([1, 2, 3])], [answer([4, 5]), answer([1, 8, 3])])
+    found = answers.same_answers(wrong)
+    assert not found.passed
+    assert found.numbers["answers"] == "1 DIFFER"
+    assert "repeat 1, request 1: parts at token 1 (differ, outside each other's top-k)" in found.message
+    assert "'1 2 3'" in found.message
+    assert "'1 8 3'" in found.message
+    assert "under load, answers part at tokens outside each other's top-k" in found.message
+    assert found.numbers["requests"][1]["tokens"]["tokens"] == [2, 8]
+
+
+def test_without_logprobs_on_every_request_a_build_not_exact_reports_its_requests(cpu_settings) -> None:
+    """A request whose answer was not kept cannot be judged: the requests are reported, as before."""
+    pair = logprob_pair(cpu_settings, [answer([4, 5])], [answer([4, 6])])
+    pair.on.salted.answers = None
+    found = answers.compared(pair.on, pair.off)
+    assert not found.by_logprobs
+    assert not found.requests_judged
+
+
+def test_a_shared_tokens_logprob_drift_is_reported() -> None:
+    a = Answer([1, 2, 3], "a", [{1: -0.5}, {2: -0.2}, {3: -1.0}])
+    b = Answer([1, 2, 4], "b", [{1: -0.8}, {2: -0.25}, {4: -0.1}])
+    assert answers.drift(a, b, 2) == pytest.approx(0.3)
+    assert answers.drift(a, b, 1) == pytest.approx(0.3)
+    assert answers.drift(a, a, 3) == 0.0

@@ -142,6 +142,69 @@ def test_a_salted_run_is_reproduced_by_the_plugins_command_alone() -> None:
     assert "vllm bench serve" not in salted  # vLLM's own command line cannot salt each request
 
 
+def test_a_run_keeping_its_answers_asks_each_request_for_token_ids_with_logprobs() -> None:
+    """The per-request rule's inputs: the worker takes its own option out of vLLM's arguments, asks every
+    request (through the per-request overrides, keeping any it had) for its tokens as ids with top-k
+    logprobs, and gives each a request id of its own where the dataset did not, by which it keeps the answer."""
+    from dataclasses import dataclass
+
+    from pytest_apc.measure.bench_worker import LOGPROBS_OPTION, split_option, with_logprobs
+
+    assert split_option(["--seed", "0", LOGPROBS_OPTION, "5"], LOGPROBS_OPTION) == (["--seed", "0"], "5")
+
+    @dataclass
+    class Sample:
+        prompt: str
+        request_id: str | None = None
+        request_overrides: dict | None = None
+
+    asked = {"logprobs": True, "top_logprobs": 5, "return_tokens_as_token_ids": True}
+    samples = with_logprobs([Sample("a", "r0"), Sample("b", "r1", {"cache_salt": "s"})], 5)
+    assert [s.request_overrides for s in samples] == [asked, {"cache_salt": "s", **asked}]
+    assert [s.request_id for s in samples] == ["r0", "r1"]
+    shared = with_logprobs([Sample("a", "x"), Sample("b", "x"), Sample("c")], 5)
+    assert [s.request_id for s in shared] == ["pytest-apc-0", "pytest-apc-1", "pytest-apc-2"]
+
+
+def test_a_requests_answer_is_read_from_the_chunks_its_stream_carried() -> None:
+    """vLLM's chat stream: a role chunk, one chunk per token with its logprobs (ids as ``token_id:N``), then
+    the usage chunk; the answer is the text, the ids and each position's top-k."""
+    from pytest_apc.measure.bench_worker import chunk_answer
+
+    def token(i: int, lp: float) -> dict:
+        top = [{"token": f"token_id:{i}", "logprob": lp}, {"token": "token_id:9", "logprob": -4.0}]
+        return {"token": f"token_id:{i}", "logprob": lp, "top_logprobs": top}
+
+    chunks = [
+        {"choices": [{"delta": {"role": "assistant", "content": ""}, "logprobs": None}]},
+        {"choices": [{"delta": {"content": "He"}, "logprobs": {"content": [token(11, -0.5)]}}]},
+        {"choices": [{"delta": {"content": "llo"}, "logprobs": {"content": [token(12, -0.25)]}}]},
+        {"choices": [], "usage": {"completion_tokens": 2}},
+    ]
+    top = [[[11, -0.5], [9, -4.0]], [[12, -0.25], [9, -4.0]]]
+    assert chunk_answer(chunks) == {"tokens": [11, 12], "text": "Hello", "top": top}
+    with pytest.raises(ValueError, match="not an id"):
+        chunk_answer([{"choices": [{"delta": {}, "logprobs": {"content": [{"token": "He", "logprob": 0.0}]}}]}])
+
+
+def test_answers_that_were_not_kept_are_a_failure_naming_the_requests(tmp_path: Path) -> None:
+    from pytest_apc.measure.bench import BenchError, read_answers
+    from pytest_apc.measure.bench_worker import answers_file
+
+    result = tmp_path / "D-c8.json"
+    assert answers_file(result) == tmp_path / "D-c8.answers.json"
+    with pytest.raises(BenchError, match="kept no per-request answers"):
+        read_answers(result, 2, "cmd")
+    answers_file(result).write_text(json.dumps([{"tokens": [1], "text": "a", "top": []}, {"tokens": [], "text": ""}]))
+    with pytest.raises(BenchError, match=r"(?s)1 without token logprobs \(requests \[1\]\).*re-run: cmd"):
+        read_answers(result, 2, "cmd")
+    answers_file(result).write_text(json.dumps([{"tokens": [1], "text": "a", "top": []}]))
+    assert read_answers(result, 1, "cmd") == [{"tokens": [1], "text": "a", "top": []}]
+    from pytest_apc.measure.bench import LOGPROBS_OPTION, reproduce_command
+
+    assert "vllm bench serve" not in reproduce_command(["--seed", "0", LOGPROBS_OPTION, "5"])
+
+
 def test_the_benchmark_freezes_its_heap_before_each_run() -> None:
     """A full garbage collection of a process with vLLM imported stalls it for hundreds of milliseconds on a
     small machine; the benchmark process therefore collects and freezes what it holds before each run, so

@@ -1318,6 +1318,25 @@ def test_gpu_answers_page_tables_are_what_its_scripts_print_of_its_files() -> No
     assert all(r["reference"] == "salted" and r["requests_compared"] == 16 for r in default + eager)
 
 
+def test_gpu_logprobs_answers_page_is_what_its_scripts_print_of_its_files() -> None:
+    """The page on the per-request logprob rule: its tables are rejudge.py's of the session records and
+    stores it holds (the rule as shipped: a request fails where it parts outside the top-k), and its cost
+    block the answers page's cost.py of its results files."""
+    folder = DOCS / "results" / "h100-answers-logprobs"
+    page = (folder / "README.md").read_text()
+    rejudge = _script("rejudge", folder)
+    sessions, references = "\n".join(rejudge.sessions()), "\n".join(rejudge.references())
+    assert f"<!-- sessions -->\n```\n{sessions}\n```" in page
+    assert f"<!-- references -->\n```\n{references}\n```" in page
+    assert (folder / "rejudge.txt").read_text() == f"{sessions}\n\n{references}\n"
+    cost = "\n".join(_script("cost", DOCS / "results" / "h100-answers").rows(folder)) + "\n"
+    assert cost == (folder / "cost.txt").read_text()
+    assert f"<!-- cost -->\n```\n{cost}```" in page
+    healthy = [r for r in rejudge.records() if r["shape"] == "none"]
+    assert all(outcome != "differ" for r in healthy for outcome, _, _ in r["by_logprobs"])
+    assert f"{len(healthy)} sessions with fresh server starts, {16 * len(healthy)} requests" in page
+
+
 def test_cpu_payoff_page_table_is_what_the_payoff_script_prints_of_its_files() -> None:
     """The page's table is payoff_power.py's table of the sessions it holds; the rule it states is the CPU
     profile's, and at least 20 healthy sessions back it."""

@@ -1,24 +1,26 @@
 #!/usr/bin/env python3
-"""What the answers work cost in the sessions of this page: per session (one results.json each), the two
-servers' start-up, the APC-off run, the APC-on run and its salted reference, and the whole session.
+"""What the answers work cost in the sessions of this page (or of the results page FOLDER): per session (one
+results.json each), the two servers' start-up, the APC-off run, the APC-on run and its salted reference, and
+the whole session.
 
-    python cost.py > cost.txt
+    python cost.py [FOLDER] > FOLDER/cost.txt
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
 
 
-def rows() -> list[str]:
+def rows(folder: Path = HERE) -> list[str]:
     lines = [
         "session                        start-up off/on s  APC-off run s  APC-on run s  its salted run s  session s",
     ]
-    for path in sorted(HERE.glob("*results-*.json.gz")):
+    for path in sorted(folder.glob("*results-*.json.gz")):
         data = json.loads(gzip.decompress(path.read_bytes()))
         startup = {s["mode"]: s["startup_s"] for s in data["servers"]}
         off = next(r for r in data["runs"] if not r["apc"])
@@ -33,4 +35,4 @@ def rows() -> list[str]:
 
 
 if __name__ == "__main__":
-    print("\n".join(rows()))
+    print("\n".join(rows(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)))
