@@ -10,6 +10,7 @@ records whether same_answers passed, the answers cell, and how many requests wer
     python scripts/answers_power.py [--sessions N] [--shapes none,shift,shift-under-load] [--json OUT]
         [--node="--gpu-node --apc-model-shape llama-3.1-8b"] [--set NAME=VALUE ...] [--marker rag] [--keep DIR]
     python scripts/answers_power.py --table OUT.json [OUT.json ...]   # the Markdown table of recorded sessions
+    python scripts/answers_power.py --logprob-table OUT.json [...]    # ... of sessions judged on logprobs
 
 Detection is the share of faulted sessions that fail same_answers; false alarms the share of healthy
 sessions that fail it.
@@ -122,19 +123,41 @@ def table(records: list[dict[str, Any]]) -> list[str]:
     return rows
 
 
+def logprob_table(records: list[dict[str, Any]]) -> list[str]:
+    """Sessions whose requests were judged on their logprobs: one Markdown row per fault shape with the
+    sessions, how many failed same_answers, and every request's tokens against its reference (the same, a
+    near tie, or parting outside each other's top-k)."""
+    rows = [
+        "| server | sessions | same_answers failed | requests: same tokens / near tie / differ |",
+        "|---|---|---|---|",
+    ]
+    for shape, what in SHAPES.items():
+        mine = [r for r in records if r["shape"] == shape and "error" not in r]
+        if not mine:
+            continue
+        failed = sum(not r["same_answers_passed"] for r in mine)
+        found = [outcome for r in mine for outcome, _, _ in r["by_logprobs"]]
+        tally = " / ".join(str(found.count(o)) for o in ("identical", "near tie", "differ"))
+        rows.append(f"| {what} (`{shape}`) | {len(mine)} | {failed} | {tally} |")
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=5, help="sessions per shape (default 5)")
     parser.add_argument("--shapes", default="none,shift-under-load,shift", help="comma-separated fault shapes")
     parser.add_argument("--json", type=Path, help="write every session's record here")
     parser.add_argument("--table", type=Path, nargs="+", help="print the table of these recorded files instead")
+    parser.add_argument("--logprob-table", type=Path, nargs="+", help="... of sessions judged on their logprobs")
     parser.add_argument("--node", help="the profile's arguments (default: --cpu-node, the checkout's suite)")
     parser.add_argument("--set", action="append", default=[], help="an --apc-set NAME=VALUE for every session")
     parser.add_argument("--marker", default="pure", choices=MARKERS, help="the cases: pure (C/D), rag (E/F)")
     parser.add_argument("--keep", type=Path, help="keep each session's results.json and pytest output here")
     args = parser.parse_args()
-    if args.table:
-        print("\n".join(table([r for path in args.table for r in json.loads(path.read_text())])))
+    if args.table or args.logprob_table:
+        printed = table if args.table else logprob_table
+        paths = args.table or args.logprob_table
+        print("\n".join(printed([r for path in paths for r in json.loads(path.read_text())])))
         return 0
     node = shlex.split(args.node) if args.node else None
     shapes = args.shapes.split(",")

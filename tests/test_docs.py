@@ -1299,6 +1299,24 @@ def test_cpu_answers_page_table_is_what_the_power_script_prints_of_its_files() -
     assert len(healthy) == 10
 
 
+def test_cpu_answers_page_bf16_section_is_what_its_scripts_print_of_its_files() -> None:
+    """The bfloat16 sessions, judged on their logprobs: the power script's table of their records, and the
+    logprobs' cost as logprobs_cost.py prints it of the TTFTs it holds."""
+    import json
+
+    folder = DOCS / "results" / "cpu-answers"
+    page = (folder / "README.md").read_text()
+    records = [r for path in sorted(folder.glob("bf16-sessions-*.json")) for r in json.loads(path.read_text())]
+    assert "<!-- bf16 -->\n" + "\n".join(_script("answers_power").logprob_table(records)) + "\n" in page
+    cost = "\n".join(_script("logprobs_cost", folder).rows())
+    assert f"<!-- bf16-cost -->\n```\n{cost}\n```" in page
+    healthy = [r for r in records if r["shape"] == "none"]
+    assert len(healthy) == 15
+    assert f"{len(healthy)} sessions, {30 * len(healthy)} requests" in page
+    assert all(r["same_answers_passed"] and r["reference"] == "salted" for r in healthy)
+    assert all(not r["same_answers_passed"] for r in records if r["shape"] != "none")
+
+
 def test_gpu_answers_page_tables_are_what_its_scripts_print_of_its_files() -> None:
     """The GPU answers page's two tables are answers_power.py's tables of the session records it holds, and its
     cost block is cost.py's output of the results files it holds."""
