@@ -187,6 +187,69 @@ def test_a_requests_answer_is_read_from_the_chunks_its_stream_carried() -> None:
         chunk_answer([{"choices": [{"delta": {}, "logprobs": {"content": [{"token": "He", "logprob": 0.0}]}}]}])
 
 
+def test_each_requests_stream_is_kept_apart_under_concurrency_and_only_while_asked(monkeypatch) -> None:
+    """The worker's wrapper around vLLM's chat request function, on a stand-in for vLLM's module (its real
+    use is in test_e2e_fault.py): two requests in flight at once each keep their own chunks, by request id;
+    the stream handler's whole-check parse is not kept twice; a run without logprobs keeps nothing; asking
+    again wraps nothing twice."""
+    import asyncio
+    import sys
+    import types
+    from dataclasses import dataclass
+
+    from pytest_apc.measure import bench_worker
+
+    @dataclass
+    class Input:
+        request_id: str
+        chunks: list
+
+    module = types.ModuleType("vllm.benchmarks.lib.endpoint_request_func")
+    module.json = json
+
+    class StreamedResponseHandler:
+        def add_chunk(self, chunk: str) -> list[str]:
+            module.json.loads(chunk)  # vLLM checks that a tail is whole JSON; the request parses it again
+            return [chunk]
+
+    async def chat(request_func_input, session, pbar=None):
+        handler = StreamedResponseHandler()
+        for chunk in request_func_input.chunks:
+            for message in handler.add_chunk(chunk):
+                module.json.loads(message)
+                await asyncio.sleep(0)  # the other request's chunks arrive in between
+        return "output"
+
+    module.StreamedResponseHandler = StreamedResponseHandler
+    module.ASYNC_REQUEST_FUNCS = {"openai-chat": chat}
+    for name in ("vllm", "vllm.benchmarks", "vllm.benchmarks.lib"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    sys.modules["vllm.benchmarks.lib"].endpoint_request_func = module
+
+    def stream(*tokens: int) -> list[str]:
+        items = [{"token": f"token_id:{t}", "logprob": -1.0, "top_logprobs": []} for t in tokens]
+        return [json.dumps({"choices": [{"delta": {"content": str(t)}, "logprobs": {"content": [i]}}]})
+                for t, i in zip(tokens, items, strict=True)]  # fmt: skip
+
+    async def run_two() -> None:
+        request = module.ASYNC_REQUEST_FUNCS["openai-chat"]
+        await asyncio.gather(request(Input("r0", stream(1, 2, 3)), None), request(Input("r1", stream(7, 8)), None))
+
+    answers: dict = {}
+    bench_worker._keep_answers(answers)
+    asyncio.run(run_two())
+    assert {k: v["tokens"] for k, v in answers.items()} == {"r0": [1, 2, 3], "r1": [7, 8]}
+    assert answers["r0"]["text"] == "123"
+    answers.clear()
+    bench_worker._keep_no_answers()
+    asyncio.run(run_two())
+    assert answers == {}
+    bench_worker._keep_answers(answers)
+    asyncio.run(run_two())
+    assert answers["r1"]["tokens"] == [7, 8]  # wrapped once: each chunk kept once
+
+
 def test_answers_that_were_not_kept_are_a_failure_naming_the_requests(tmp_path: Path) -> None:
     from pytest_apc.measure.bench import BenchError, read_answers
     from pytest_apc.measure.bench_worker import answers_file

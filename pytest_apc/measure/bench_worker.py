@@ -180,8 +180,8 @@ def _keep_answers(answers: dict[str, dict[str, Any]]) -> None:
     handler also parses a chunk's tail only to check that it is whole, which is not kept."""
     from vllm.benchmarks.lib import endpoint_request_func as requests
 
-    if getattr(requests, "_pytest_apc_answers", None) is not None:
-        requests._pytest_apc_answers = answers  # type: ignore[attr-defined]
+    if hasattr(requests, "_pytest_apc_answers"):  # wrapped already (an earlier run of this worker)
+        requests._pytest_apc_answers = answers
         return
     requests._pytest_apc_answers = answers  # type: ignore[attr-defined]
     real_json = requests.json
@@ -213,6 +213,8 @@ def _keep_answers(answers: dict[str, dict[str, Any]]) -> None:
     chat = requests.ASYNC_REQUEST_FUNCS["openai-chat"]
 
     async def request(request_func_input: Any, session: Any, pbar: Any = None, **kwargs: Any) -> Any:
+        if requests._pytest_apc_answers is None:  # type: ignore[attr-defined] # a run that keeps none
+            return await chat(request_func_input, session, pbar, **kwargs)
         chunks: list[Any] = []
         token = _CHUNKS.set(chunks)
         try:
@@ -222,6 +224,13 @@ def _keep_answers(answers: dict[str, dict[str, Any]]) -> None:
             requests._pytest_apc_answers[str(request_func_input.request_id)] = chunk_answer(chunks)  # type: ignore[attr-defined]
 
     requests.ASYNC_REQUEST_FUNCS["openai-chat"] = request
+
+
+def _keep_no_answers() -> None:
+    """A run without logprobs after one with them (the same worker): its requests go to vLLM's function as is."""
+    requests = sys.modules.get("vllm.benchmarks.lib.endpoint_request_func")
+    if requests is not None and getattr(requests, "_pytest_apc_answers", None) is not None:
+        requests._pytest_apc_answers = None  # type: ignore[attr-defined]
 
 
 def answers_file(result_path: Path) -> Path:
@@ -294,6 +303,8 @@ def _worker() -> int:
         argv, sent["logprobs"] = split_option(argv, LOGPROBS_OPTION)
         if sent["logprobs"]:
             _keep_answers(answers)
+        else:
+            _keep_no_answers()
         with open(request["log"], "ab") as log:
             sys.stdout.flush()
             sys.stderr.flush()
