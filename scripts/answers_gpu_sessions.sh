@@ -14,6 +14,7 @@
 #  exact-faults:    shift-under-load, shift, a healthy -m rag session, then healthy -m pure sessions (exact);
 #  exact:           healthy -m pure sessions (exact);
 #  logprobs-faults: a healthy session, shift-under-load, shift, then healthy sessions (logprobs);
+#  logprobs-rag:    a healthy -m rag session, then healthy -m pure sessions (logprobs);
 #  logprobs:        healthy -m pure sessions (logprobs).
 # Each session is "-m MARKER and not sweep" without the timing test (one repeat), with 16 prompts of 64 output
 # tokens per run. Everything lands in $W (default /tmp/salt): one JSON file of records per step, each
@@ -50,6 +51,9 @@ stream() {  # NAME
       power logprobs pure shift-under-load 1 logprobs-under-load.json
       power logprobs pure shift 1 logprobs-shift.json
       power logprobs pure none 20 logprobs-a-healthy.json ;;
+    logprobs-rag)
+      power logprobs rag none 1 logprobs-rag-healthy.json
+      power logprobs pure none 40 logprobs-c-healthy.json ;;
     logprobs) power logprobs pure none 40 logprobs-b-healthy.json ;;
   esac
 }
