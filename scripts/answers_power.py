@@ -24,6 +24,7 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,15 @@ SHAPES = {
 }
 
 
+def _groups(records: list[dict[str, Any]]) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+    """The recorded sessions with a verdict, per fault shape and marker: (the row's name, the shape, its
+    sessions); the marker is named where it is not pure."""
+    for (shape, what), (marker, cases) in itertools.product(SHAPES.items(), MARKERS.items()):
+        mine = [r for r in records if r["shape"] == shape and r.get("marker", "pure") == marker and "error" not in r]
+        if mine:
+            yield (what if marker == "pure" else f"{what}, {cases}"), shape, mine
+
+
 def table(records: list[dict[str, Any]]) -> list[str]:
     """One Markdown row per fault shape (and marker, where not pure): sessions, how many failed same_answers,
     and over their requests and probes how many answers were identical to the reference."""
@@ -109,11 +119,7 @@ def table(records: list[dict[str, Any]]) -> list[str]:
         "| server | sessions | same_answers failed | requests identical to their reference | probes identical |",
         "|---|---|---|---|---|",
     ]
-    for (shape, what), (marker, cases) in itertools.product(SHAPES.items(), MARKERS.items()):
-        mine = [r for r in records if r["shape"] == shape and r.get("marker", "pure") == marker and "error" not in r]
-        if not mine:
-            continue
-        what = what if marker == "pure" else f"{what}, {cases}"
+    for what, shape, mine in _groups(records):
         failed = sum(not r["same_answers_passed"] for r in mine)
         identical = sum(r["requests_identical"] for r in mine)
         compared = sum(r["requests_compared"] for r in mine)
@@ -124,17 +130,14 @@ def table(records: list[dict[str, Any]]) -> list[str]:
 
 
 def logprob_table(records: list[dict[str, Any]]) -> list[str]:
-    """Sessions whose requests were judged on their logprobs: one Markdown row per fault shape with the
-    sessions, how many failed same_answers, and every request's tokens against its reference (the same, a
-    near tie, or parting outside each other's top-k)."""
+    """Sessions whose requests were judged on their logprobs: one Markdown row per fault shape (and marker,
+    where not pure) with the sessions, how many failed same_answers, and every request's tokens against its
+    reference (the same, a near tie, or parting outside each other's top-k)."""
     rows = [
         "| server | sessions | same_answers failed | requests: same tokens / near tie / differ |",
         "|---|---|---|---|",
     ]
-    for shape, what in SHAPES.items():
-        mine = [r for r in records if r["shape"] == shape and "error" not in r]
-        if not mine:
-            continue
+    for what, shape, mine in _groups(records):
         failed = sum(not r["same_answers_passed"] for r in mine)
         found = [outcome for r in mine for outcome, _, _ in r["by_logprobs"]]
         tally = " / ".join(str(found.count(o)) for o in ("identical", "near tie", "differ"))

@@ -4,6 +4,7 @@ option pytest knows appears in it (and nothing else does)."""
 from __future__ import annotations
 
 import gzip
+import math
 import re
 from pathlib import Path
 from types import ModuleType
@@ -1353,6 +1354,42 @@ def test_gpu_logprobs_answers_page_is_what_its_scripts_print_of_its_files() -> N
     healthy = [r for r in rejudge.records() if r["shape"] == "none"]
     assert all(outcome != "differ" for r in healthy for outcome, _, _ in r["by_logprobs"])
     assert f"{len(healthy)} sessions with fresh server starts, {16 * len(healthy)} requests" in page
+
+
+def test_gpu_answers_page_at_one_commit_is_what_its_scripts_print_of_its_files() -> None:
+    """The page of the answers verdict as it ships on a GPU: its table is answers_power.py's of the session
+    records it holds, its cost block cost.py's of its results files, every results file is from the commit
+    the page names, and the figures in its prose are the records' own."""
+    import json
+
+    folder = DOCS / "results" / "h100-answers-per-request"
+    page = (folder / "README.md").read_text()
+    records = [r for path in sorted(folder.glob("sessions-*.json")) for r in json.loads(path.read_text())]
+    assert "<!-- table -->\n" + "\n".join(_script("answers_power").logprob_table(records)) + "\n" in page
+    cost = "\n".join(_script("cost", DOCS / "results" / "h100-answers").rows(folder)) + "\n"
+    assert cost == (folder / "cost.txt").read_text()
+    assert f"<!-- cost -->\n```\n{cost}```" in page
+    results = [json.loads(gzip.decompress(p.read_bytes())) for p in sorted(folder.glob("results-*.json.gz"))]
+    assert len(results) == len(records)
+    assert {r["environment"]["git_commit"][:7] for r in results} == {"0da623a"}
+    assert "at commit 0da623a" in page
+    healthy = [r for r in records if r["shape"] == "none"]
+    requests = sum(r["requests_compared"] for r in healthy)
+    assert all(r["requests_compared"] == 16 == len(r["by_logprobs"]) for r in records)
+    assert all(r["same_answers_passed"] and r["reference"] == "salted" for r in healthy)
+    assert all(not r["same_answers_passed"] for r in records if r["shape"] != "none")
+    pure = sum(r["marker"] == "pure" for r in healthy)
+    assert f"{len(healthy)} sessions with fresh server starts ({pure} of C/D, {len(healthy) - pure} of E/F)" in page
+    assert f"{requests} requests, every one compared" in page
+    # The 95 % bounds on a rate that was 0 of n: 1 - 0.05 ** (1 / n).
+    assert f"below {math.ceil(100 * (1 - 0.05 ** (1 / len(healthy))))} % per session" in page
+    assert f"0 of {requests} requests below about {round(100 * (1 - 0.05 ** (1 / requests)))} % per request" in page
+    differ = sorted(sum(o == "differ" for o, _, _ in r["by_logprobs"]) for r in records if r["shape"] != "none")
+    assert f"with {differ[0]} and {differ[1]} of 16 requests parting" in page
+    log = (folder / "fault-under-load.log").read_text()
+    excerpt = page.split("<!-- failure -->\n```\n", 1)[1].split("```", 1)[0]
+    assert excerpt
+    assert excerpt in log
 
 
 def test_cpu_payoff_page_table_is_what_the_payoff_script_prints_of_its_files() -> None:
