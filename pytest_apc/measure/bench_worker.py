@@ -37,7 +37,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from pytest_apc.measure.answers import token_id
+from pytest_apc.measure.answers import Answer, logprob_tokens
 
 # Arguments that do not change the generated prompts (everything else is part of the prompt-cache key).
 _NOT_DATASET = {
@@ -154,20 +154,19 @@ def with_logprobs(samples: list[Any], top_k: int) -> list[Any]:
 
 
 def chunk_answer(chunks: list[Any]) -> dict[str, Any]:
-    """One request's answer out of the chunks its stream carried: its text, token ids and each position's
-    top-k ``[token, logprob]`` pairs (the shape of ``measure.answers.Answer``'s JSON)."""
-    tokens: list[int] = []
-    top: list[list[list[float]]] = []
+    """One request's answer out of the chunks its stream carried, as ``measure.answers.Answer``'s JSON: its
+    text, token ids and each position's top-k ``[token, logprob]`` pairs (read as the probe reads a reply's,
+    ``logprob_tokens``)."""
     text = ""
+    content: list[Any] = []
     for data in chunks:
         choices = data.get("choices") if isinstance(data, dict) else None
         if not choices:
             continue
         text += (choices[0].get("delta") or {}).get("content") or ""
-        for item in (choices[0].get("logprobs") or {}).get("content") or []:
-            tokens.append(token_id(item["token"]))
-            top.append([[token_id(t["token"]), float(t["logprob"])] for t in item.get("top_logprobs") or []])
-    return {"tokens": tokens, "text": text, "top": top}
+        content += (choices[0].get("logprobs") or {}).get("content") or []
+    tokens, top = logprob_tokens(content)
+    return Answer(tokens, text, top).to_json()
 
 
 _CHUNKS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("pytest_apc_chunks", default=None)
