@@ -251,6 +251,7 @@ def test_each_requests_stream_is_kept_apart_under_concurrency_and_only_while_ask
 
 
 def test_answers_that_were_not_kept_are_a_failure_naming_the_requests(tmp_path: Path) -> None:
+    from pytest_apc.measure.answers import Answer
     from pytest_apc.measure.bench import BenchError, read_answers
     from pytest_apc.measure.bench_worker import answers_file
 
@@ -262,7 +263,7 @@ def test_answers_that_were_not_kept_are_a_failure_naming_the_requests(tmp_path: 
     with pytest.raises(BenchError, match=r"(?s)1 without token logprobs \(requests \[1\]\).*re-run: cmd"):
         read_answers(result, 2, "cmd")
     answers_file(result).write_text(json.dumps([{"tokens": [1], "text": "a", "top": []}]))
-    assert read_answers(result, 1, "cmd") == [{"tokens": [1], "text": "a", "top": []}]
+    assert read_answers(result, 1, "cmd") == [Answer([1], "a", [])]
     from pytest_apc.measure.bench import LOGPROBS_OPTION, reproduce_command
 
     assert "vllm bench serve" not in reproduce_command(["--seed", "0", LOGPROBS_OPTION, "5"])
