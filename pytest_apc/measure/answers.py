@@ -66,6 +66,11 @@ class ProbeError(RuntimeError):
     """A probe request that did not give an answer to compare."""
 
 
+# What reading a reply's answer raises where it carries no token logprobs, or tokens that are not ids
+# (``logprob_tokens``): the probe's reply, or a benchmark request's stream, then has no answer to compare.
+NO_LOGPROBS = (KeyError, IndexError, TypeError, ValueError)
+
+
 @dataclass
 class Answer:
     """One greedy answer: its token ids, its text, and each position's top-k token ids with logprobs."""
@@ -166,15 +171,15 @@ def parse_answer(reply: Mapping[str, Any]) -> Answer:
         choice = reply["choices"][0]
         tokens, top = logprob_tokens(choice["logprobs"]["content"])
         text = str(choice["message"].get("content") or "")
-    except (KeyError, IndexError, TypeError, ValueError) as err:
+    except NO_LOGPROBS as err:
         raise ProbeError(f"the answer has no token logprobs ({type(err).__name__}: {err}): {str(reply)[:300]}") from err
     return Answer(tokens, text, top)
 
 
 def logprob_tokens(content: Iterable[Mapping[str, Any]]) -> tuple[list[int], list[dict[int, float]]]:
     """The token ids of an OpenAI ``logprobs.content`` list (one entry a generated token) and each position's
-    top-k token ids with their logprobs; an entry without them, or with tokens that are not ids, raises
-    (KeyError, TypeError, ValueError). Read from a whole reply (the probe) and from a stream's chunks (the
+    top-k token ids with their logprobs; an entry without them, or with tokens that are not ids, raises one
+    of :data:`NO_LOGPROBS`. Read from a whole reply (the probe) and from a stream's chunks (the
     benchmark worker)."""
     tokens: list[int] = []
     top: list[dict[int, float]] = []
