@@ -310,8 +310,10 @@ def test_a_salted_reference_that_hit_the_cache_or_was_not_counted_is_no_referenc
 def test_the_salted_reference_survives_the_store_and_the_results_file_keeps_its_hits() -> None:
     record = run("D", [], texts=["a"])
     record.salted = salted_repeat(["a"])
+    record.repeats[0].answers, record.salted.answers = [answer([1, 2])], [answer([1, 3])]
     state = json.loads(json.dumps(Measured(records={record.key: record}).to_state()))
-    assert Measured.from_state(state).records[record.key].salted == record.salted
+    back = Measured.from_state(state).records[record.key]
+    assert (back.salted, back.repeats[0].answers) == (record.salted, [answer([1, 2])])
     kept = record.to_json()["answers"]["salted"]
     assert kept["prefix_cache_hits"] == 0
     assert kept["command"].endswith("--cache-salt-per-request pytest-apc-D-c8-1")
@@ -451,9 +453,9 @@ def logprob_pair(settings, on_answers: list[Answer], salted_answers: list[Answer
     """A GPU pair in vLLM's default kernels (not exact) whose requests kept their tokens with top-k logprobs:
     the APC-on run's against its salted reference's."""
     on = run("D", [], texts=[[a.text for a in on_answers]], **GPU)
-    on.repeats[0].answers = [a.to_json() for a in on_answers]
+    on.repeats[0].answers = on_answers
     on.salted = salted_repeat([a.text for a in salted_answers])
-    on.salted.answers = [a.to_json() for a in salted_answers]
+    on.salted.answers = salted_answers
     off = run("C", [], texts=[["other"] * len(on_answers)], **GPU)
     return Pair(off, on, settings)
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
+import sys
+import types
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -187,23 +192,18 @@ def test_a_requests_answer_is_read_from_the_chunks_its_stream_carried() -> None:
         chunk_answer([{"choices": [{"delta": {}, "logprobs": {"content": [{"token": "He", "logprob": 0.0}]}}]}])
 
 
-def test_each_requests_stream_is_kept_apart_under_concurrency_and_only_while_asked(monkeypatch) -> None:
-    """The worker's wrapper around vLLM's chat request function, on a stand-in for vLLM's module (its real
-    use is in test_e2e_fault.py): two requests in flight at once each keep their own chunks, by request id;
-    the stream handler's whole-check parse is not kept twice; a run without logprobs keeps nothing; asking
-    again wraps nothing twice."""
-    import asyncio
-    import sys
-    import types
-    from dataclasses import dataclass
+@dataclass
+class StandInInput:
+    """What vLLM's request function is given: here, the chunks its server streams."""
 
-    from pytest_apc.measure import bench_worker
+    request_id: str
+    chunks: list
 
-    @dataclass
-    class Input:
-        request_id: str
-        chunks: list
 
+def stand_in_requests(monkeypatch) -> types.ModuleType:
+    """A stand-in for vLLM's ``endpoint_request_func`` module (its real use is in test_e2e_fault.py): its chat
+    request function parses each chunk with the module's ``json``, after its stream handler parsed the tail
+    to check that it is whole, and lets another request's chunks arrive in between."""
     module = types.ModuleType("vllm.benchmarks.lib.endpoint_request_func")
     module.json = json
 
@@ -226,31 +226,73 @@ def test_each_requests_stream_is_kept_apart_under_concurrency_and_only_while_ask
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, module.__name__, module)
     sys.modules["vllm.benchmarks.lib"].endpoint_request_func = module
+    return module
 
-    def stream(*tokens: int) -> list[str]:
-        items = [{"token": f"token_id:{t}", "logprob": -1.0, "top_logprobs": []} for t in tokens]
-        return [json.dumps({"choices": [{"delta": {"content": str(t)}, "logprobs": {"content": [i]}}]})
-                for t, i in zip(tokens, items, strict=True)]  # fmt: skip
 
-    async def run_two() -> None:
+def stream(*tokens: int | str) -> list[str]:
+    """A chat stream of one chunk a token, each with its logprobs (ints as ids, ``token_id:N``)."""
+    items = [{"token": f"token_id:{t}" if isinstance(t, int) else t, "logprob": -1.0, "top_logprobs": []}
+             for t in tokens]  # fmt: skip
+    return [json.dumps({"choices": [{"delta": {"content": str(t)}, "logprobs": {"content": [i]}}]})
+            for t, i in zip(tokens, items, strict=True)]  # fmt: skip
+
+
+def send_at_once(module: types.ModuleType, *inputs: StandInInput) -> list:
+    """The requests sent at once through whatever function the stand-in module holds now."""
+
+    async def send() -> list:
         request = module.ASYNC_REQUEST_FUNCS["openai-chat"]
-        await asyncio.gather(request(Input("r0", stream(1, 2, 3)), None), request(Input("r1", stream(7, 8)), None))
+        return await asyncio.gather(*(request(i, None) for i in inputs))
+
+    return asyncio.run(send())
+
+
+def test_each_requests_stream_is_kept_apart_under_concurrency_and_only_while_asked(monkeypatch) -> None:
+    """The worker's wrapper around vLLM's chat request function, on a stand-in for vLLM's module: two requests
+    in flight at once each keep their own chunks, by request id; the stream handler's whole-check parse is
+    not kept twice; a run without logprobs keeps nothing; asking again wraps nothing twice."""
+    from pytest_apc.measure import bench_worker
+
+    module = stand_in_requests(monkeypatch)
+
+    def run_two() -> None:
+        send_at_once(module, StandInInput("r0", stream(1, 2, 3)), StandInInput("r1", stream(7, 8)))
 
     answers: dict = {}
     bench_worker._keep_answers(answers)
-    asyncio.run(run_two())
+    run_two()
     assert {k: v["tokens"] for k, v in answers.items()} == {"r0": [1, 2, 3], "r1": [7, 8]}
     assert answers["r0"]["text"] == "123"
     answers.clear()
     bench_worker._keep_no_answers()
-    asyncio.run(run_two())
+    run_two()
     assert answers == {}
     bench_worker._keep_answers(answers)
-    asyncio.run(run_two())
+    run_two()
     assert answers["r1"]["tokens"] == [7, 8]  # wrapped once: each chunk kept once
 
 
+def test_a_request_whose_stream_carries_no_token_ids_fails_the_run_naming_it(monkeypatch, tmp_path: Path) -> None:
+    """A stream whose logprobs have a token that is not an id, or no token, is no traceback from the worker:
+    the request completes, keeps no answer, and the run fails with read_answers' message naming it."""
+    from pytest_apc.measure import bench_worker
+    from pytest_apc.measure.bench import BenchError, read_answers
+
+    module = stand_in_requests(monkeypatch)
+    answers: dict = {}
+    bench_worker._keep_answers(answers)
+    no_token = json.dumps({"choices": [{"delta": {"content": "x"}, "logprobs": {"content": [{"logprob": -1.0}]}}]})
+    sent = [StandInInput("r0", stream(1, 2)), StandInInput("r1", stream(3, "He")), StandInInput("r2", [no_token])]
+    assert send_at_once(module, *sent) == ["output"] * 3
+    assert list(answers) == ["r0"]
+    args = argparse.Namespace(result_dir=str(tmp_path), result_filename="D-c8.json")
+    bench_worker._write_answers({"request_ids": ["r0", "r1", "r2"]}, answers, args)
+    with pytest.raises(BenchError, match=r"3 requests, 2 without token logprobs \(requests \[1, 2\]\)"):
+        read_answers(tmp_path / "D-c8.json", 3, "cmd")
+
+
 def test_answers_that_were_not_kept_are_a_failure_naming_the_requests(tmp_path: Path) -> None:
+    from pytest_apc.measure.answers import Answer
     from pytest_apc.measure.bench import BenchError, read_answers
     from pytest_apc.measure.bench_worker import answers_file
 
@@ -262,7 +304,7 @@ def test_answers_that_were_not_kept_are_a_failure_naming_the_requests(tmp_path: 
     with pytest.raises(BenchError, match=r"(?s)1 without token logprobs \(requests \[1\]\).*re-run: cmd"):
         read_answers(result, 2, "cmd")
     answers_file(result).write_text(json.dumps([{"tokens": [1], "text": "a", "top": []}]))
-    assert read_answers(result, 1, "cmd") == [{"tokens": [1], "text": "a", "top": []}]
+    assert read_answers(result, 1, "cmd") == [Answer([1], "a", [])]
     from pytest_apc.measure.bench import LOGPROBS_OPTION, reproduce_command
 
     assert "vllm bench serve" not in reproduce_command(["--seed", "0", LOGPROBS_OPTION, "5"])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,11 @@ def exact_server(server: ServerInfo, alone: bool = True) -> str | None:
 
 class ProbeError(RuntimeError):
     """A probe request that did not give an answer to compare."""
+
+
+# What reading a reply's answer raises where it carries no token logprobs, or tokens that are not ids
+# (``logprob_tokens``): the probe's reply, or a benchmark request's stream, then has no answer to compare.
+NO_LOGPROBS = (KeyError, IndexError, TypeError, ValueError)
 
 
 @dataclass
@@ -164,13 +169,24 @@ def parse_answer(reply: Mapping[str, Any]) -> Answer:
     """An answer out of a chat completion with logprobs and token ids."""
     try:
         choice = reply["choices"][0]
-        content = choice["logprobs"]["content"]
-        tokens = [token_id(item["token"]) for item in content]
-        top = [{token_id(t["token"]): float(t["logprob"]) for t in item.get("top_logprobs") or []} for item in content]
+        tokens, top = logprob_tokens(choice["logprobs"]["content"])
         text = str(choice["message"].get("content") or "")
-    except (KeyError, IndexError, TypeError, ValueError) as err:
+    except NO_LOGPROBS as err:
         raise ProbeError(f"the answer has no token logprobs ({type(err).__name__}: {err}): {str(reply)[:300]}") from err
     return Answer(tokens, text, top)
+
+
+def logprob_tokens(content: Iterable[Mapping[str, Any]]) -> tuple[list[int], list[dict[int, float]]]:
+    """The token ids of an OpenAI ``logprobs.content`` list (one entry a generated token) and each position's
+    top-k token ids with their logprobs; an entry without them, or with tokens that are not ids, raises one
+    of :data:`NO_LOGPROBS`. Read from a whole reply (the probe) and from a stream's chunks (the
+    benchmark worker)."""
+    tokens: list[int] = []
+    top: list[dict[int, float]] = []
+    for item in content:
+        tokens.append(token_id(item["token"]))
+        top.append({token_id(t["token"]): float(t["logprob"]) for t in item.get("top_logprobs") or []})
+    return tokens, top
 
 
 def token_id(token: str) -> int:

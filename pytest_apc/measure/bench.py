@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_apc.measure.answers import Answer
 from pytest_apc.measure.bench_worker import LOGPROBS_OPTION, SALT_OPTION, answers_file  # vLLM: only in the child
 from pytest_apc.serving.executor import Executor, log_excerpt
 from pytest_apc.workload.cases import RunKey, Workload
@@ -45,7 +46,7 @@ class BenchOutcome:
     # the benchmark sent them (vLLM shuffles the groups with the seed); [] for other datasets.
     prompt_groups: tuple[int, ...] = ()
     # --answer-logprobs: each request's answer (token ids, text, top-k logprobs), in sending order.
-    answers: list[dict[str, Any]] | None = None
+    answers: list[Answer] | None = None
 
 
 def bench_args(
@@ -128,7 +129,7 @@ def validate(result_path: Path, num_prompts: int, command: str, log_path: Path) 
     return result
 
 
-def read_answers(result_path: Path, num_prompts: int, command: str) -> list[dict[str, Any]]:
+def read_answers(result_path: Path, num_prompts: int, command: str) -> list[Answer]:
     """The per-request answers a benchmark with ``--answer-logprobs`` wrote beside its result; a missing file,
     a count that is not the run's or a request whose stream carried no tokens is a :class:`BenchError`."""
     path = answers_file(result_path)
@@ -143,7 +144,7 @@ def read_answers(result_path: Path, num_prompts: int, command: str) -> list[dict
             f"{len(empty)} without token logprobs (requests {empty[:10]}): the server did not return "
             f"logprobs with token ids in its stream ({path})\nre-run: {command}"
         )
-    return list(answers)
+    return [Answer.from_json(a) for a in answers]
 
 
 def _error_lines(log_path: Path, limit: int = 15) -> str:

@@ -27,6 +27,7 @@ Imported only in the child: the parent (``bench``) never imports vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import gc
@@ -37,7 +38,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from pytest_apc.measure.answers import token_id
+from pytest_apc.measure.answers import NO_LOGPROBS, Answer, logprob_tokens
 
 # Arguments that do not change the generated prompts (everything else is part of the prompt-cache key).
 _NOT_DATASET = {
@@ -154,20 +155,19 @@ def with_logprobs(samples: list[Any], top_k: int) -> list[Any]:
 
 
 def chunk_answer(chunks: list[Any]) -> dict[str, Any]:
-    """One request's answer out of the chunks its stream carried: its text, token ids and each position's
-    top-k ``[token, logprob]`` pairs (the shape of ``measure.answers.Answer``'s JSON)."""
-    tokens: list[int] = []
-    top: list[list[list[float]]] = []
+    """One request's answer out of the chunks its stream carried, as ``measure.answers.Answer``'s JSON: its
+    text, token ids and each position's top-k ``[token, logprob]`` pairs (read as the probe reads a reply's,
+    ``logprob_tokens``); raises one of ``NO_LOGPROBS`` where a chunk's logprobs have no token or no id."""
     text = ""
+    content: list[Any] = []
     for data in chunks:
         choices = data.get("choices") if isinstance(data, dict) else None
         if not choices:
             continue
         text += (choices[0].get("delta") or {}).get("content") or ""
-        for item in (choices[0].get("logprobs") or {}).get("content") or []:
-            tokens.append(token_id(item["token"]))
-            top.append([[token_id(t["token"]), float(t["logprob"])] for t in item.get("top_logprobs") or []])
-    return {"tokens": tokens, "text": text, "top": top}
+        content += (choices[0].get("logprobs") or {}).get("content") or []
+    tokens, top = logprob_tokens(content)
+    return Answer(tokens, text, top).to_json()
 
 
 _CHUNKS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("pytest_apc_chunks", default=None)
@@ -177,7 +177,9 @@ _CHECKING = contextvars.ContextVar("pytest_apc_checking", default=False)
 def _keep_answers(answers: dict[str, dict[str, Any]]) -> None:
     """Wrap vLLM's chat request function so that each request's streamed chunks are kept, as its answer, in
     ``answers`` under its request id. vLLM parses each chunk with its module's ``json.loads``; its stream
-    handler also parses a chunk's tail only to check that it is whole, which is not kept."""
+    handler also parses a chunk's tail only to check that it is whole, which is not kept. A request whose
+    stream carried no token logprobs, or tokens that are not ids, keeps no answer: it is written without
+    tokens (``_write_answers``), and ``bench.read_answers`` fails the run naming it."""
     from vllm.benchmarks.lib import endpoint_request_func as requests
 
     if hasattr(requests, "_pytest_apc_answers"):  # wrapped already (an earlier run of this worker)
@@ -221,7 +223,8 @@ def _keep_answers(answers: dict[str, dict[str, Any]]) -> None:
             return await chat(request_func_input, session, pbar, **kwargs)
         finally:
             _CHUNKS.reset(token)
-            requests._pytest_apc_answers[str(request_func_input.request_id)] = chunk_answer(chunks)  # type: ignore[attr-defined]
+            with contextlib.suppress(*NO_LOGPROBS):  # no answer kept: read_answers names the request
+                requests._pytest_apc_answers[str(request_func_input.request_id)] = chunk_answer(chunks)  # type: ignore[attr-defined]
 
     requests.ASYNC_REQUEST_FUNCS["openai-chat"] = request
 

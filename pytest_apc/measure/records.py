@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_apc.measure.answers import Probe
+from pytest_apc.measure.answers import Answer, Probe
 from pytest_apc.serving import metrics
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.workload.cases import Prediction, RunKey, ServerMode, Workload
@@ -51,9 +51,10 @@ class Repeat:
     # where the run did not measure it). They are what the gate judges, not recomputed from the file's
     # per-request TTFTs, which it rounds.
     stored_ttft_ms: dict[str, float | None] | None = None
-    # Each request's answer (token ids, text, top-k logprobs; ``Answer`` JSON) where the benchmark asked for
-    # them (``answers_logprobs``); kept in the store, not in the results file (its verdict holds the outcomes).
-    answers: list[dict[str, Any]] | None = None
+    # Each request's answer (token ids, text, top-k logprobs) where the benchmark asked for them
+    # (``answers_logprobs``), decoded once where it is read (the benchmark's file, the store); kept in the
+    # store, not in the results file (its verdict holds the outcomes).
+    answers: list[Answer] | None = None
 
     def ttft_ms(self, statistic: str) -> float | None:
         """This repeat's ``mean`` or ``median`` TTFT (ms) over its requests: the per-repeat values the
@@ -424,11 +425,13 @@ class Measured:
 
 
 def _repeat_from_state(r: dict[str, Any]) -> Repeat:
+    answers = r.get("answers")
     return Repeat(
         **{
             **r,
             "delta": metrics.Delta(**r["delta"]) if r["delta"] is not None else None,
             "parts": {name: metrics.Delta(**d) for name, d in r.get("parts", {}).items()},
+            "answers": [Answer.from_json(a) for a in answers] if answers is not None else None,
         }
     )
 

@@ -260,7 +260,7 @@ def _answers(repeat: Repeat, reference: Repeat, count: int) -> list[tuple[Answer
     """Both benchmarks' per-request answers with their logprobs, where both kept one for every request."""
     if not repeat.answers or not reference.answers or not len(repeat.answers) == len(reference.answers) == count:
         return None
-    return [(Answer.from_json(a), Answer.from_json(b)) for a, b in zip(repeat.answers, reference.answers, strict=True)]
+    return list(zip(repeat.answers, reference.answers, strict=True))
 
 
 @dataclass(frozen=True)
