@@ -512,13 +512,17 @@ class Handler(BaseHTTPRequestHandler):
                     self.write_chunk(f"data: {json.dumps(chunk)}\n\n")
 
                 # Each token's logprobs in its chunk where they were asked for (the answers' per-request rule).
-                asked = answer_logprobs(prompt, max_tokens, int(body.get("top_logprobs") or 1))["content"]
+                asked = (
+                    answer_logprobs(prompt, max_tokens, int(body.get("top_logprobs") or 1))["content"]
+                    if body.get("logprobs")
+                    else None
+                )
                 event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
                 for done in range(1, max_tokens + 1):
                     time.sleep(0.001)
                     finish = "length" if done == max_tokens else None
                     choice = {"index": 0, "delta": {"content": " tok"}, "finish_reason": finish}
-                    if body.get("logprobs"):
+                    if asked:
                         choice["logprobs"] = {"content": [asked[done - 1]]}
                     event([choice])
                 if (body.get("stream_options") or {}).get("include_usage"):
