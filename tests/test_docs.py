@@ -1318,6 +1318,14 @@ def test_cpu_answers_page_bf16_section_is_what_its_scripts_print_of_its_files() 
     assert all(not r["same_answers_passed"] for r in records if r["shape"] != "none")
 
 
+def _assert_cost_block(folder: Path, page: str) -> None:
+    """A GPU answers page's cost block and its cost.txt are what the answers page's cost.py prints of the
+    results files the page's folder holds."""
+    printed = "\n".join(_script("cost", DOCS / "results" / "h100-answers").rows(folder)) + "\n"
+    assert printed == (folder / "cost.txt").read_text()
+    assert f"<!-- cost -->\n```\n{printed}```" in page
+
+
 def test_gpu_answers_page_tables_are_what_its_scripts_print_of_its_files() -> None:
     """The GPU answers page's two tables are answers_power.py's tables of the session records it holds, and its
     cost block is cost.py's output of the results files it holds."""
@@ -1330,10 +1338,7 @@ def test_gpu_answers_page_tables_are_what_its_scripts_print_of_its_files() -> No
     eager = json.loads((folder / "eager-sessions.json").read_text())
     assert "<!-- table -->\n" + "\n".join(power.table(default)) + "\n" in page
     assert "<!-- eager -->\n" + "\n".join(power.table(eager)) + "\n" in page
-    cost = _script("cost", folder)
-    printed = "\n".join(cost.rows()) + "\n"
-    assert printed == (folder / "cost.txt").read_text()
-    assert f"<!-- cost -->\n```\n{printed}```" in page
+    _assert_cost_block(folder, page)
     assert all(r["reference"] == "salted" and r["requests_compared"] == 16 for r in default + eager)
 
 
@@ -1348,9 +1353,7 @@ def test_gpu_logprobs_answers_page_is_what_its_scripts_print_of_its_files() -> N
     assert f"<!-- sessions -->\n```\n{sessions}\n```" in page
     assert f"<!-- references -->\n```\n{references}\n```" in page
     assert (folder / "rejudge.txt").read_text() == f"{sessions}\n\n{references}\n"
-    cost = "\n".join(_script("cost", DOCS / "results" / "h100-answers").rows(folder)) + "\n"
-    assert cost == (folder / "cost.txt").read_text()
-    assert f"<!-- cost -->\n```\n{cost}```" in page
+    _assert_cost_block(folder, page)
     healthy = [r for r in rejudge.records() if r["shape"] == "none"]
     assert all(outcome != "differ" for r in healthy for outcome, _, _ in r["by_logprobs"])
     assert f"{len(healthy)} sessions with fresh server starts, {16 * len(healthy)} requests" in page
@@ -1366,9 +1369,7 @@ def test_gpu_answers_page_at_one_commit_is_what_its_scripts_print_of_its_files()
     page = (folder / "README.md").read_text()
     records = [r for path in sorted(folder.glob("sessions-*.json")) for r in json.loads(path.read_text())]
     assert "<!-- table -->\n" + "\n".join(_script("answers_power").logprob_table(records)) + "\n" in page
-    cost = "\n".join(_script("cost", DOCS / "results" / "h100-answers").rows(folder)) + "\n"
-    assert cost == (folder / "cost.txt").read_text()
-    assert f"<!-- cost -->\n```\n{cost}```" in page
+    _assert_cost_block(folder, page)
     results = [json.loads(gzip.decompress(p.read_bytes())) for p in sorted(folder.glob("results-*.json.gz"))]
     assert len(results) == len(records)
     assert {r["environment"]["git_commit"][:7] for r in results} == {"0da623a"}
