@@ -1393,6 +1393,37 @@ def test_gpu_answers_page_at_one_commit_is_what_its_scripts_print_of_its_files()
     assert excerpt in log
 
 
+def test_vllm_033_page_is_what_report_and_its_script_print_of_its_files(
+    monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The first session of the whole suite on vLLM 0.33.0: its report block is what `report` prints of its
+    results file, which `compare` passes against itself; its parting block is parting.py's of the requests it
+    kept, whose differing requests are the ones the results file counts; the commit and version are the file's."""
+    import json
+
+    from pytest_apc.__main__ import main
+
+    folder = DOCS / "results" / "h100-vllm-0.33"
+    path = "docs/results/h100-vllm-0.33/results.json"
+    page = (folder / "README.md").read_text()
+    monkeypatch.chdir(REPO)
+    assert main(["report", path]) == 0
+    assert _block_after(page, "<!-- report -->") == capsys.readouterr().out.splitlines()
+    assert main(["compare", path, path]) == 0
+    assert "baseline gate: passed" in capsys.readouterr().out
+    parting = _script("parting", folder)
+    kept = json.loads((folder / "parting.json").read_text())
+    assert _block_after(page, "<!-- parting -->") == parting.tables(kept)
+    data = json.loads((folder / "results.json").read_text())
+    assert data["environment"]["vllm"] == "0.33.0"
+    assert f"commit {data['environment']['git_commit'][:7]}" in _flat(page)
+    cell = {p["pair"]: p["answers"] for p in data["pairs"]}["C/D"]
+    assert cell == f"{len(kept['differ'])} DIFFER"
+    runs = {r["id"]: r for r in data["runs"]}
+    assert "F-c8" not in runs  # the run the session was stopped in: measured again when it is resumed
+    assert all(r["preemptions"] == 0 for r in runs.values())
+
+
 def test_cpu_payoff_page_table_is_what_the_payoff_script_prints_of_its_files() -> None:
     """The page's table is payoff_power.py's table of the sessions it holds; the rule it states is the CPU
     profile's, and at least 20 healthy sessions back it."""
