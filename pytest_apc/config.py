@@ -939,7 +939,12 @@ class Settings:
     answers_tokens: int = setting(
         _positive_int,
         32,
-        "Answers: tokens each probed answer generates (a wrong cache shows within the first few)",
+        (
+            "Answers: tokens of each answer that are compared: each probed answer generates this many, and of "
+            "each benchmark request's answer kept with its logprobs (answers_logprobs) the first this many are "
+            "judged by the near-tie rule (a wrong cache shows within the first few; two correct computations "
+            "drift further apart the longer they generate)"
+        ),
         "TOKENS",
         cpu=16,
         group="thresholds",

@@ -496,6 +496,17 @@ def test_without_logprobs_on_every_request_a_build_not_exact_reports_its_request
     assert not found.requests_judged
 
 
+def test_an_answer_is_judged_on_its_first_tokens() -> None:
+    """Two answers that agree on their first tokens and part later, outside each other's top-k, agree within
+    a window that ends before the parting; the text stays whole."""
+    a = Answer([1, 2, 3, 4], "one two three four", [{1: -0.1}, {2: -0.1}, {3: -0.1}, {4: -0.1}])
+    b = Answer([1, 2, 3, 9], "one two three nine", [{1: -0.1}, {2: -0.1}, {3: -0.1}, {9: -0.1}])
+    assert answers.compare(0, a, b).outcome == answers.DIFFER
+    assert answers.compare(0, a.first(3), b.first(3)).outcome == answers.IDENTICAL
+    assert a.first(3) == Answer([1, 2, 3], "one two three four", [{1: -0.1}, {2: -0.1}, {3: -0.1}])
+    assert a.first(10) == a
+
+
 def test_a_shared_tokens_logprob_drift_is_reported() -> None:
     a = Answer([1, 2, 3], "a", [{1: -0.5}, {2: -0.2}, {3: -1.0}])
     b = Answer([1, 2, 4], "b", [{1: -0.8}, {2: -0.25}, {4: -0.1}])

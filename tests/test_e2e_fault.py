@@ -177,14 +177,27 @@ def judged_on_logprobs(data: dict) -> tuple[dict, list[dict]]:
     return answers, requests
 
 
+# Each request judged on its first 8 tokens of the 16 it generates: what is kept and judged is that many.
+WINDOW = 8
+
+
 def test_where_the_build_is_not_exact_a_healthy_server_passes_every_request_judged_on_logprobs(tmp_path_factory):
-    inner, data = run_suite(tmp_path_factory.mktemp("not-exact-none"), None, SELECTION + NOT_EXACT)
+    window = ["--apc-set", f"answers_tokens={WINDOW}"]
+    inner, data = run_suite(tmp_path_factory.mktemp("not-exact-none"), None, SELECTION + NOT_EXACT + window)
     assert inner.ret == 0, inner.output[-5000:]
     assert verdicts_of(data) == {"apc_really_off": True, "cached_tokens_match": True, "same_answers": True}
     answers, requests = judged_on_logprobs(data)
     assert "agreeing (judged per request on its top-k logprobs" in answers["message"]
     assert answers["numbers"]["answers"] == f"{len(requests)}/{len(requests)}"
     assert all(r["tokens"]["outcome"] != "differ" for r in requests)
+    assert all((r["tokens"]["position"] or 0) < WINDOW for r in requests)
+    # The store keeps each request's first WINDOW tokens with their logprobs, of the longer answers generated.
+    state = json.loads((Path(data["servers"][0]["log"]).parent / "store.json").read_text())
+    on = next(r for r in state["records"] if r["key"]["case"] == "D")
+    kept = [a for repeat in [*on["repeats"], on["salted"]] for a in repeat["answers"]]
+    assert {(len(a["tokens"]), len(a["top"])) for a in kept} == {(WINDOW, WINDOW)}
+    run = next(r for r in data["runs"] if r["id"] == "D-c8")
+    assert run["output_len"] > WINDOW
 
 
 def test_where_the_build_is_not_exact_a_cache_wrong_only_under_load_fails_naming_the_requests(tmp_path_factory):

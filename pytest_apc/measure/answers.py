@@ -82,6 +82,11 @@ class Answer:
     def to_json(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "text": self.text, "top": [[[t, lp] for t, lp in p.items()] for p in self.top]}
 
+    def first(self, count: int) -> Answer:
+        """Its first ``count`` tokens with their top-k (the text stays whole): what the near-tie rule judges of
+        a benchmark request's answer (``answers_tokens``)."""
+        return Answer(self.tokens[:count], self.text, self.top[:count])
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Answer:
         # The results file keeps each position as [token, logprob] pairs; the store (dataclasses.asdict, then

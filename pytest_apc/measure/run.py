@@ -122,9 +122,12 @@ class Measurer:
         done = self.bencher.measure_repeat(key, deployment, benchmark)
         counted = done.counted[0]
         outcome = counted.outcome
+        # Two correct computations drift further apart the longer they generate, while a wrong cache shows
+        # within the first tokens: each answer is judged on its first answers_tokens, as a probe's is.
+        answers = [a.first(self.settings.answers_tokens) for a in outcome.answers] if outcome.answers else None
         return Repeat(
             outcome.result, counted.delta, done.metrics_error, done.reset, str(outcome.result_path), outcome.command,
-            counted.parts or {}, done.router_command, list(outcome.prompt_groups), answers=outcome.answers,
+            counted.parts or {}, done.router_command, list(outcome.prompt_groups), answers=answers,
         )  # fmt: skip
 
 
