@@ -23,7 +23,8 @@ sys.path.insert(0, str(HERE.parents[2]))  # the checkout, for the rule itself
 
 from pytest_apc.verdicts.answers import DIFFER, IDENTICAL, NEAR_TIE, against_salted, under_load  # noqa: E402
 
-OUTCOMES = (IDENTICAL, NEAR_TIE, DIFFER)
+# The first tokens of each answer judged: a CPU node's answers_tokens, a GPU node's, and the whole answer.
+WINDOWS = (16, 32, 256)
 
 
 def extract(store: Path) -> dict:
@@ -49,6 +50,13 @@ def extract(store: Path) -> dict:
     return kept
 
 
+def _within(row: list, window: int) -> str:
+    """A request's outcome judged on its first ``window`` tokens: the rule stops at the first parting token,
+    so a parting at or after the window leaves the tokens judged the same."""
+    _, _, outcome, position, _ = row
+    return IDENTICAL if position is None or position >= window else outcome
+
+
 def tables(kept: dict) -> list[str]:
     lines = ["repeat  against         same tokens  near tie  differ  parting token of the near ties (median, max)"]
     for name, label in (("salted", "salted"), ("twin_outcomes", kept["twin"])):
@@ -60,6 +68,11 @@ def tables(kept: dict) -> list[str]:
                 f"{repeat + 1:>6}  {label:<14}  {found[IDENTICAL]:>11}  {found[NEAR_TIE]:>8}  {found[DIFFER]:>6}  "
                 f"{ties[len(ties) // 2]:>4}, {ties[-1]}"
             )
+    lines.append("")
+    lines.append("first tokens judged  same tokens  near tie  differ   (every repeat, against salted)")
+    for window in WINDOWS:
+        found = Counter(_within(row, window) for row in kept["salted"])
+        lines.append(f"{window:>19}  {found[IDENTICAL]:>11}  {found[NEAR_TIE]:>8}  {found[DIFFER]:>6}")
     lines.append("")
     lines.append("repeat  request  token  cached chose  salted chose  cached run's top 5        salted run's top 5")
     for d in kept["differ"]:
