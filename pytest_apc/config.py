@@ -914,8 +914,9 @@ class Settings:
         0.0,
         (
             "Offload tests: the CPU tier of case O in GiB (vLLM --kv-offloading-size, pinned host memory). 0: 1.5 x "
-            "the working set (every prefix group and every request's own blocks) at the model's KV bytes per "
-            "token; a smaller one is a warning that states the tokens short"
+            "the working set (every prefix group and every request's own blocks) in the tier's blocks (KV bytes "
+            "per token on all tensor-parallel ranks, each block rounded up to a memory page); a smaller one is a "
+            "warning that states the tokens short"
         ),
         "GIB",
         family="offload",

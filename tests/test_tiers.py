@@ -12,6 +12,8 @@ import pytest
 
 from pytest_apc import verdicts
 from pytest_apc.measure.records import MeasurementError, Repeat, RunRecord
+from pytest_apc.measure.repeat import note_tier
+from pytest_apc.serving import metrics
 from pytest_apc.serving.interface import ServerInfo
 from pytest_apc.serving.metrics import Delta
 from pytest_apc.verdicts import tiers
@@ -50,6 +52,56 @@ def test_sizes_hold_one_request_on_the_gpu_and_the_working_set_in_the_tier() -> 
     assert sizes.server_args(ServerMode(True, cache=OFFLOAD_TIER)) == (
         "--num-gpu-blocks-override", "3198", "--kv-offloading-size", "30",
     )  # fmt: skip
+
+
+def test_every_tensor_parallel_rank_holds_a_kv_head() -> None:
+    """The tier holds what the ranks hold: at least one KV head each; one copy of an MLA latent (vLLM 0.33)."""
+    assert offload.kv_bytes_per_token(LLAMA_8B, ("--tensor-parallel-size", "8")) == 131_072  # 8 heads, 8 ranks
+    assert offload.kv_bytes_per_token(LLAMA_8B, ("-tp", "16")) == 2 * 131_072  # 8 heads on 16 ranks: copies
+    mla = {"num_hidden_layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"}
+    assert offload.kv_bytes_per_token(mla, ("--tensor-parallel-size=8",)) == 61 * 576 * 2
+
+
+TINY = {"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 24,
+        "hidden_size": 96, "torch_dtype": "float32"}  # fmt: skip
+
+
+def test_the_tier_holds_whole_blocks_each_rounded_up_to_a_page() -> None:
+    per_token = offload.kv_bytes_per_token(TINY)
+    assert per_token == 2 * 3 * 1 * 24 * 4 == 576
+    sizes = offload.OffloadSizes(per_token, 16, 10, 15, 100_000, 1.0, page_bytes=4096)
+    assert sizes.block_bytes == 12_288  # 9,216 bytes of KV in a block of 16 tokens, rounded up to 3 pages
+    assert sizes.tier_tokens == 2**30 // 12_288 * 16 == 1_398_096
+    assert sizes.tier_tokens < 2**30 // per_token  # what bytes per token alone would promise
+    assert offload.OffloadSizes.of(sizes.as_dict()) == sizes
+    # A derived tier is sized in those rounded blocks, so it still holds 1.5 working sets.
+    derived = offload.sizes(WORKLOAD, TINY, (), 256)
+    assert derived.tier_tokens >= 1.5 * derived.working_set_tokens
+
+
+def test_the_tier_the_server_reports_is_the_one_diagnosed() -> None:
+    """vLLM 0.33+ says what its tier allocated (vllm:kv_offload_config_info, after the first request): the run
+    records it, and a shortfall is explained with it rather than with the GiB it was given."""
+    text = (
+        "# HELP vllm:kv_offload_config_info Information of the KV offloading configuration\n"
+        "# TYPE vllm:kv_offload_config_info gauge\n"
+        'vllm:kv_offload_config_info{cpu_blocks_per_chunk="1",cpu_kv_cache_size_bytes="3355443200",'
+        'cpu_kv_cache_size_tokens="None",cpu_num_chunks="1600",engine="0",model_name="m"} 1.0\n'
+    )
+    after = metrics.parse(text)
+    assert after.offload_config["cpu_num_chunks"] == "1600"
+    short = run("O", 1, 274_864, 456_560)
+    sizes = offload.OffloadSizes.of(short.server.offload)
+    assert sizes.tier_tokens >= sizes.working_set_tokens  # 30 GiB, as worked out, holds it all
+    note_tier(short.server, after)
+    told = offload.OffloadSizes.of(short.server.offload)
+    assert told.reported_tier_tokens == told.tier_tokens == 1600 * 16
+    assert told.tokens_short == sizes.working_set_tokens - 25_600
+    result = tiers.hits_across_tiers(short)
+    assert not result.passed
+    assert "the CPU tier holds 25,600 tokens, less than the working set of 163,008" in result.message
+    # Labels that do not say (an older or another connector) change nothing.
+    assert sizes.reported({"engine": "0"}) is sizes
 
 
 def test_a_tier_too_small_is_a_warning_that_states_the_tokens_short() -> None:
@@ -254,3 +306,18 @@ def test_offload_tests_skip_on_the_cpu_build_in_one_line(pytester: pytest.Pytest
     result = pytester.runpytest("--cpu-node", "-m", "offload", "-rs", "-p", "no:randomly")
     result.assert_outcomes(skipped=4)
     result.stdout.fnmatch_lines(["SKIPPED [[]1[]] *vLLM's CPU build has no KV offload tier*--gpu-node"])
+
+
+def test_the_pair_without_and_with_a_tier_may_differ_in_what_sets_the_tier() -> None:
+    without, with_tier = run("N", 1, 274_864, 0), run("O", 1, 274_864, 512_000)
+    without.server.cache_config.update(
+        kv_offloading_size="None", simple_cpu_offload_num_blocks="None", cache_dtype="auto"
+    )
+    with_tier.server.cache_config.update(
+        kv_offloading_size="30", simple_cpu_offload_num_blocks="15360", cache_dtype="auto"
+    )
+    assert verdicts.not_comparable(without, with_tier) == []
+    with_tier.server.cache_config["cache_dtype"] = "fp8"
+    assert verdicts.not_comparable(without, with_tier) == [
+        "cache config cache_dtype=auto on apc-on-small-cache vs fp8 on apc-on-offload-tier"
+    ]

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from pytest_apc.measure.bench import BenchOutcome, BenchRunner
 from pytest_apc.serving import metrics
-from pytest_apc.serving.interface import Deployment
+from pytest_apc.serving.interface import Deployment, ServerInfo
 from pytest_apc.workload.cases import RunKey
+from pytest_apc.workload.offload import OffloadSizes
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,14 @@ class Bencher:
                 # The parts first: a replica that restarted is named, not only the fleet's sum.
                 parts = metrics.part_deltas(before, after)
                 delta = metrics.delta(before, after)
+                note_tier(deployment.info, after)
             except metrics.MetricsError as err:
                 errors.append(str(err))
         return Counted(outcome, delta, parts)
+
+
+def note_tier(info: ServerInfo, after: metrics.Snapshot) -> None:
+    """The tier's capacity as the server reports it, once it does (after its first request): the runs, the
+    results and the diagnoses then read what the tier really holds, not what its GiB were worked out to hold."""
+    if info.offload and after.offload_config and info.offload.get("reported_tier_tokens") is None:
+        info.offload = OffloadSizes.of(info.offload).reported(after.offload_config).as_dict()

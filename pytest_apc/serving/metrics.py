@@ -39,6 +39,8 @@ GAUGES: dict[str, tuple[str, ...]] = {
     "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
 }
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+# vLLM 0.33+, with a CPU offload tier, from its first request on: what the tier allocated (cpu_num_chunks...).
+OFFLOAD_CONFIG_INFO = "vllm:kv_offload_config_info"
 # prometheus_client's process collector: when it changes between two scrapes, the server restarted.
 PROCESS_START = "process_start_time_seconds"
 # The counters a verdict on cached tokens cannot do without.
@@ -55,6 +57,7 @@ class Snapshot:
 
     samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
     cache_config: Mapping[str, str] = field(default_factory=dict)
+    offload_config: Mapping[str, str] = field(default_factory=dict)
     # Where the counters come from when there is more than one source: "engine 0", "engine 1" (one vLLM
     # server with data-parallel ranks) or one name per replica of a fleet (``merge``).
     parts: Mapping[str, Snapshot] = field(default_factory=dict)
@@ -85,6 +88,7 @@ def parse(text: str) -> Snapshot:
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     by_engine: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
     cache_config: dict[str, str] = {}
+    offload_config: dict[str, str] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -92,6 +96,8 @@ def parse(text: str) -> Snapshot:
                     continue  # prometheus_client's creation-time gauge for every counter
                 if sample.name == CACHE_CONFIG_INFO and not cache_config:
                     cache_config = dict(sample.labels)
+                if sample.name == OFFLOAD_CONFIG_INFO and not offload_config:
+                    offload_config = dict(sample.labels)
                 labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "engine"))
                 key = (sample.name, labels)
                 samples[key] = samples.get(key, 0.0) + float(sample.value)
@@ -103,8 +109,12 @@ def parse(text: str) -> Snapshot:
     if not samples:
         raise MetricsError(f"/metrics has no samples; first line: {text[:120]!r}")
     ranks = sorted(by_engine, key=lambda rank: int(rank) if rank.isdigit() else -1)
-    parts = {f"engine {rank}": Snapshot(by_engine[rank], cache_config) for rank in ranks} if len(by_engine) > 1 else {}
-    return Snapshot(samples, cache_config, parts)
+    parts = (
+        {f"engine {rank}": Snapshot(by_engine[rank], cache_config, offload_config) for rank in ranks}
+        if len(by_engine) > 1
+        else {}
+    )
+    return Snapshot(samples, cache_config, offload_config, parts)
 
 
 def merge(parts: Mapping[str, Snapshot]) -> Snapshot:
@@ -115,7 +125,7 @@ def merge(parts: Mapping[str, Snapshot]) -> Snapshot:
         for key, value in snapshot.samples.items():
             samples[key] = samples.get(key, 0.0) + value
     first = next(iter(parts.values()), None)
-    return Snapshot(samples, first.cache_config if first else {}, dict(parts))
+    return Snapshot(samples, first.cache_config if first else {}, first.offload_config if first else {}, dict(parts))
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,8 @@ CACHE_CONFIG_MAY_DIFFER = {
     "enable_prefix_caching", "prefix_caching_hash_algo", "engine",
     "num_gpu_blocks", "num_cpu_blocks", "kv_cache_size_tokens", "kv_cache_max_concurrency",
 }  # fmt: skip
+# ... and those that set or size a CPU tier besides kv_offloading_*: the offload case's pair differs in them.
+TIER_CONFIG = {"simple_cpu_offload_num_blocks"}
 
 
 def not_comparable(a: RunRecord, b: RunRecord) -> list[str]:
@@ -77,7 +79,7 @@ def not_comparable(a: RunRecord, b: RunRecord) -> list[str]:
     config_a, config_b = a.server.cache_config, b.server.cache_config
     tier_pair = {a.key.case, b.key.case} == {"N", "O"}  # the offload case compares without and with a tier
     for name in sorted((set(config_a) & set(config_b)) - CACHE_CONFIG_MAY_DIFFER):
-        if tier_pair and name.startswith("kv_offloading"):
+        if tier_pair and (name.startswith("kv_offloading") or name in TIER_CONFIG):
             continue
         if config_a[name] != config_b[name]:
             problems.append(

@@ -3,6 +3,7 @@
 Both come from the workload and the model's KV bytes per token, never from a hand-set number:
 
     KV bytes per token = 2 (K and V) x layers x KV heads x head dim x bytes per element of the KV dtype
+                         (KV heads: at least one per tensor-parallel rank, so fewer than the ranks are copied)
                          (MLA models: layers x (kv_lora_rank + qk_rope_head_dim) x bytes per element)
     one request        = blocks of the template header, prompt and output
     GPU cache          = 1.5 requests: one request fits (it never evicts its own prefix), two prefix
@@ -14,13 +15,23 @@ Both come from the workload and the model's KV bytes per token, never from a han
     tier               = 1.5 x the working set, whole GiB (``--apc-set offload_tier_gib`` overrides)
 
 vLLM takes them as ``--num-gpu-blocks-override`` and ``--kv-offloading-size`` (GiB, all tensor-parallel
-ranks together; the native OffloadingConnector, pinned host memory).
+ranks together; the native OffloadingConnector, pinned host memory). The tier holds whole blocks, each
+rounded up to the host's memory page, so what it holds is
+
+    tier tokens        = (tier bytes // block bytes rounded up to a page) x block size
+
+which is below tier bytes // KV bytes per token when a block is not a whole number of pages (small
+models). vLLM 0.33 and later also say what they allocated (``vllm:kv_offload_config_info``, after the
+first request); a run records that number and it is the one verdicts and diagnoses use.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import mmap
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +45,8 @@ DEFAULT_BLOCK_SIZE = {"gpu": 16, "cpu": 128}
 HEADROOM = 1.5  # both sizes: a GPU cache of 1.5 requests, a tier of 1.5 working sets
 # Bytes per element of a KV-cache dtype (vLLM --kv-cache-dtype, or the model's dtype under "auto").
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp16": 2, "bf16": 2}
+# The tier rounds each block up to the memory page of the host it runs on (pytest-apc launches it here).
+PAGE_BYTES = mmap.PAGESIZE
 
 
 class OffloadSizeError(ValueError):
@@ -50,10 +63,30 @@ class OffloadSizes:
     gpu_blocks: int
     working_set_tokens: int
     tier_gib: float
+    page_bytes: int = PAGE_BYTES
+    # What the server says its tier holds (vLLM 0.33+: vllm:kv_offload_config_info), once a run has read it.
+    reported_tier_tokens: int | None = None
+
+    @property
+    def block_bytes(self) -> int:
+        """One block in the tier: its KV bytes on all GPUs together, rounded up to a memory page."""
+        return ceil_div(self.kv_bytes_per_token * self.block_size, self.page_bytes) * self.page_bytes
 
     @property
     def tier_tokens(self) -> int:
-        return int(self.tier_gib * GIB // self.kv_bytes_per_token)
+        """What the tier holds: as the server reports it, else worked out (the module's docstring)."""
+        if self.reported_tier_tokens is not None:
+            return self.reported_tier_tokens
+        return int(self.tier_gib * GIB) // self.block_bytes * self.block_size
+
+    def reported(self, labels: Mapping[str, str]) -> OffloadSizes:
+        """These sizes with the tier's capacity as ``vllm:kv_offload_config_info`` reports it (``labels``):
+        chunks x blocks per chunk x block size; unchanged when the labels do not say."""
+        try:
+            chunks, per_chunk = int(labels["cpu_num_chunks"]), int(labels.get("cpu_blocks_per_chunk") or 1)
+        except (KeyError, ValueError):
+            return self
+        return dataclasses.replace(self, reported_tier_tokens=chunks * per_chunk * self.block_size)
 
     @property
     def tokens_short(self) -> int:
@@ -82,9 +115,9 @@ class OffloadSizes:
         if tier and self.tokens_short:
             warned.append(
                 f"the CPU tier of {self.tier_gib:g} GiB holds {self.tier_tokens:,} tokens at "
-                f"{self.kv_bytes_per_token:,} KV bytes per token, {self.tokens_short:,} short of the working set of "
-                f"{self.working_set_tokens:,} (every prefix group and every request's own blocks): hits across "
-                "the tiers will fall short of the prediction"
+                f"{self.block_bytes:,} bytes per block of {self.block_size} tokens, {self.tokens_short:,} short of "
+                f"the working set of {self.working_set_tokens:,} (every prefix group and every request's own blocks): "
+                "hits across the tiers will fall short of the prediction"
             )
         if self.gpu_blocks * self.block_size >= self.working_set_tokens:
             warned.append(
@@ -96,9 +129,12 @@ class OffloadSizes:
 
 def kv_bytes_per_token(config: dict[str, Any], server_args: tuple[str, ...] = ()) -> int:
     """KV-cache bytes one token takes on all GPUs together, from a Hugging Face model config and the
-    server's ``--kv-cache-dtype`` / ``--dtype``."""
+    server's ``--kv-cache-dtype`` / ``--dtype`` / ``--tensor-parallel-size``: what the CPU tier keeps of it.
+    Each tensor-parallel rank holds at least one KV head, so a model with fewer KV heads than ranks keeps
+    copies, and the tier keeps what the ranks hold."""
     text = config.get("text_config") or config  # multimodal configs nest the language model
     try:
+        ranks = int(flag_value(server_args, ("--tensor-parallel-size", "-tp")) or 1)
         layers = int(text["num_hidden_layers"])
         kv_dtype = flag_value(server_args, ("--kv-cache-dtype",)) or "auto"
         if kv_dtype.startswith("fp8"):
@@ -109,13 +145,14 @@ def kv_bytes_per_token(config: dict[str, Any], server_args: tuple[str, ...] = ()
                 dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "bfloat16")
             element = DTYPE_BYTES[dtype.removeprefix("torch.")]
         if text.get("kv_lora_rank"):  # MLA: one latent vector and the rope part per layer
+            # Every rank holds the whole latent; vLLM 0.33's tier keeps one copy of it (earlier ones, one per rank).
             return layers * (int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim") or 0)) * element
         heads = int(text["num_attention_heads"])
         kv_heads = int(text.get("num_key_value_heads") or heads)
         head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
     except (KeyError, TypeError, ValueError) as err:
         raise OffloadSizeError(f"the model config lacks what KV bytes per token need ({err!r})") from err
-    return 2 * layers * kv_heads * head_dim * element
+    return 2 * layers * ranks * max(1, kv_heads // ranks) * head_dim * element
 
 
 def model_config(model: str) -> dict[str, Any]:
@@ -152,5 +189,6 @@ def sizes(
     own = ceil_div(workload.suffix_len + outputs * workload.output_len + block, block) * block  # the boundary block too
     working_set = groups * (header_room + workload.prefix_len) + n * own
     gpu = gpu_blocks or math.ceil(HEADROOM * request)
-    tier = tier_gib or float(math.ceil(HEADROOM * working_set * per_token / GIB))
-    return OffloadSizes(per_token, block, request, gpu, working_set, tier)
+    derived = OffloadSizes(per_token, block, request, gpu, working_set, 0.0)
+    tier = tier_gib or float(math.ceil(HEADROOM * ceil_div(working_set, block) * derived.block_bytes / GIB))
+    return dataclasses.replace(derived, tier_gib=tier)
