@@ -172,3 +172,35 @@ def test_a_session_measured_under_other_conditions_is_refused_naming_what_differ
     doc = _doc(folder)
     assert doc["errors"] == {"C-c2": f"run C-c2 was not measured: {refusal}"}
     assert sorted(_runs(doc)) == ["C-c1"]  # the adopted run stays
+
+
+def test_a_session_with_a_time_limit_begins_nothing_that_could_end_after_it(tmp_path, run_inner) -> None:
+    """--apc-set stop_after: the APC-off server takes 10 s to start, so once its runs are measured a second
+    start-up (the mean so far) and a run cannot end within 20 s. The APC-on server is not started, its runs fail
+    naming the limit and the resume command, and --apc-resume measures only them."""
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    slow_off = fake_args("--fake-if-log=apc-off --fake-startup-delay 10")
+    first = run_inner(*slow_off, *SWEEP, "--apc-set=stop_after=20")
+    assert first.ret == 1, first.output[-3000:]
+    folder = _folder(tmp_path)
+    assert "not measuring any more: the session's time is up (--apc-set stop_after=20)" in first.output
+    assert f"measure the runs left with --apc-resume {folder}" in first.output
+    assert "apc-on: launching" not in first.output
+    before = _doc(folder)
+    measured = sorted(_runs(before))
+    assert measured[:1] == ["C-c1"]  # 10 s in, and no run measured yet: it may take any time
+    assert set(measured) <= {"C-c1", "C-c2"}
+    assert {"D-c1", "D-c2"} <= set(before["errors"])
+    assert all("the session's time is up" in message for message in before["errors"].values())
+
+    resumed = run_inner(*slow_off, *SWEEP, f"--apc-resume={folder}")
+    assert resumed.ret == 0, resumed.output[-3000:]
+    left = 4 - len(measured)
+    assert f"resumed: {len(measured)} runs from {folder}, measuring {left}" in resumed.output
+    merged = _doc(folder)
+    assert sorted(_runs(merged)) == ["C-c1", "C-c2", "D-c1", "D-c2"]
+    assert merged["errors"] == {}
+    for run_id in measured:
+        assert _runs(merged)[run_id] == _runs(before)[run_id]
+    compared = _cli("compare", str(folder / "results.json"), str(folder / "results.json"), "--repeats", "1")
+    assert compared.returncode == 0, compared.stdout + compared.stderr

@@ -37,8 +37,8 @@ from pytest_apc.workload.plan import Plan
 # concurrency, hash algorithm and route) and how servers are reached. Every other setting changes what a
 # run measures, so it must be the earlier session's (the model is compared by name, as the gate does).
 MAY_CHANGE = frozenset({
-    "resume", "without_profile", "startup_timeout", "stop_timeout", "bench_timeout", "results_dir", "json",
-    "markdown", "baseline", "baseline_false_alarm", "baseline_repeats", "concurrency", "sweep_concurrency",
+    "resume", "stop_after", "without_profile", "startup_timeout", "stop_timeout", "bench_timeout", "results_dir",
+    "json", "markdown", "baseline", "baseline_false_alarm", "baseline_repeats", "concurrency", "sweep_concurrency",
     "sweep_cases", "hash_algos", "router_policies", "offload_concurrency", "multiturn_concurrency", "route_label",
     "confidence", "bootstrap_samples", "overhead_tolerance", "low_concurrency", "pure_gain_concurrency",
     "min_bound_fraction", "max_routing_cost", "multiturn_gain_concurrency", "fleet_promise", "kv_check",

@@ -59,7 +59,8 @@ class ApcSession:
     is_worker: bool = False  # an xdist worker: measures and shares, the controller reports
     plan: Plan = field(default_factory=Plan)
     measured: Measured = field(default_factory=Measured)
-    started_wall: float = field(default_factory=time.monotonic)
+    started_wall: float = field(default_factory=time.monotonic)  # moved back by the time of a session resumed
+    began: float = field(default_factory=time.monotonic)  # this session's own start: stop_after counts from it
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     _active: Deployment | None = None
     _bench: BenchRunner | None = None
@@ -166,6 +167,10 @@ class ApcSession:
         if missing:
             self._fail_runs(runs, missing)
             return
+        late = self._out_of_time(starting=True)
+        if late:
+            self.stop_measuring(late)
+            return
         deployment = self._start(mode, runs)
         if deployment is None:
             return
@@ -230,6 +235,10 @@ class ApcSession:
                     f"the first failure was: {first_failure}"
                 )
                 continue
+            late = self._out_of_time(starting=False)
+            if late:
+                self.stop_measuring(late)
+                return
             self.on_run(key, None)
             started = time.monotonic()
             try:
@@ -247,6 +256,25 @@ class ApcSession:
             # The store (held by get's lock) keeps each finished run in full, for a session that resumes this one.
             self.store.save(self.measured)
             self.publish()
+
+    def _out_of_time(self, starting: bool) -> str | None:
+        """Why nothing more is begun under --apc-set stop_after: the next run, after a server start when
+        ``starting``, could end after the limit (the longest run measured so far, the servers' mean start-up;
+        the resumed session's included); None to go on."""
+        limit = self.settings.stop_after
+        if not limit:
+            return None
+        longest = max((record.wall_s for record in self.measured.records.values()), default=0.0)
+        startups = [info.startup_s for info in self.measured.servers.values() if info.startup_s]
+        start = sum(startups) / len(startups) if starting and startups else 0.0
+        elapsed = time.monotonic() - self.began
+        if elapsed + start + longest <= limit:
+            return None
+        after = f" after a server start of {start:,.0f} s" if start else ""
+        return (
+            f"the session's time is up (--apc-set stop_after={limit:g}): {elapsed:,.0f} s in, and the next run could "
+            f"take {longest:,.0f} s (the longest so far){after}; measure the runs left with --apc-resume {self.run_dir}"
+        )
 
     def _probe_chat_header(self, deployment: Deployment) -> None:
         """The template header every prompt carries; without it hits cannot be predicted (a warning)."""
