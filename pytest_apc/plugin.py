@@ -16,6 +16,7 @@ import shlex
 import signal
 import textwrap
 import threading
+import time
 import warnings
 from collections.abc import Callable, Generator, Sequence
 from datetime import datetime
@@ -198,6 +199,8 @@ def _new_session(config: pytest.Config, settings: apc_config.Settings) -> ApcSes
     session = ApcSession(
         settings=settings, run_dir=run_dir, json_path=json_path, progress=progress, is_worker=winput is not None
     )
+    if winput is not None and "apc_began" in winput:  # stop_after counts from the controller's start
+        session.began -= time.time() - float(winput["apc_began"])
     session.publish = lambda: results.publish(session)
     # Asked once a server is up: the session this one resumes first, then the baseline.
     refusals = [check for check in (resume, config.stash.get(BASELINE_KEY, None)) if check is not None]
@@ -232,6 +235,7 @@ def pytest_configure_node(node: Any) -> None:
     apc = node.config.stash.get(SESSION_KEY, None)
     if apc is not None:
         node.workerinput["apc_run_dir"] = str(apc.run_dir)
+        node.workerinput["apc_began"] = time.time() - (time.monotonic() - apc.began)
 
 
 def _noted_refusal(refusal: str | None) -> str | None:

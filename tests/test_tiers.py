@@ -100,6 +100,8 @@ def test_the_tier_the_server_reports_is_the_one_diagnosed() -> None:
     result = tiers.hits_across_tiers(short)
     assert not result.passed
     assert "the CPU tier holds 25,600 tokens, less than the working set of 163,008" in result.message
+    # Chunks of the server's blocks: a backend that chose 64-token blocks has four times the tokens.
+    assert sizes.reported(after.offload_config, 64).tier_tokens == 1600 * 64
     # Labels that do not say (an older or another connector) change nothing.
     assert sizes.reported({"engine": "0"}) is sizes
 

@@ -111,4 +111,4 @@ def note_tier(info: ServerInfo, after: metrics.Snapshot) -> None:
     """The tier's capacity as the server reports it, once it does (after its first request): the runs, the
     results and the diagnoses then read what the tier really holds, not what its GiB were worked out to hold."""
     if info.offload and after.offload_config and info.offload.get("reported_tier_tokens") is None:
-        info.offload = OffloadSizes.of(info.offload).reported(after.offload_config).as_dict()
+        info.offload = OffloadSizes.of(info.offload).reported(after.offload_config, info.block_size).as_dict()

@@ -79,14 +79,16 @@ class OffloadSizes:
             return self.reported_tier_tokens
         return int(self.tier_gib * GIB) // self.block_bytes * self.block_size
 
-    def reported(self, labels: Mapping[str, str]) -> OffloadSizes:
+    def reported(self, labels: Mapping[str, str], block_size: int | None = None) -> OffloadSizes:
         """These sizes with the tier's capacity as ``vllm:kv_offload_config_info`` reports it (``labels``):
-        chunks x blocks per chunk x block size; unchanged when the labels do not say."""
+        chunks x blocks per chunk x the server's block size (``block_size``, when it reported one: an
+        attention backend may choose another than the one assumed); unchanged when the labels do not say."""
         try:
             chunks, per_chunk = int(labels["cpu_num_chunks"]), int(labels.get("cpu_blocks_per_chunk") or 1)
         except (KeyError, ValueError):
             return self
-        return dataclasses.replace(self, reported_tier_tokens=chunks * per_chunk * self.block_size)
+        tokens = chunks * per_chunk * (block_size or self.block_size)
+        return dataclasses.replace(self, reported_tier_tokens=tokens)
 
     @property
     def tokens_short(self) -> int:
@@ -190,5 +192,5 @@ def sizes(
     working_set = groups * (header_room + workload.prefix_len) + n * own
     gpu = gpu_blocks or math.ceil(HEADROOM * request)
     derived = OffloadSizes(per_token, block, request, gpu, working_set, 0.0)
-    tier = tier_gib or float(math.ceil(HEADROOM * ceil_div(working_set, block) * derived.block_bytes / GIB))
+    tier = tier_gib or float(math.ceil(HEADROOM * working_set * derived.block_bytes / block / GIB))
     return dataclasses.replace(derived, tier_gib=tier)
