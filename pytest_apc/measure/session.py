@@ -167,7 +167,7 @@ class ApcSession:
         if missing:
             self._fail_runs(runs, missing)
             return
-        late = self._out_of_time(starting=True)
+        late = self._out_of_time(runs[0].key, starting=True) if runs else None
         if late:
             self.stop_measuring(late)
             return
@@ -235,7 +235,7 @@ class ApcSession:
                     f"the first failure was: {first_failure}"
                 )
                 continue
-            late = self._out_of_time(starting=False)
+            late = self._out_of_time(key, starting=False)
             if late:
                 self.stop_measuring(late)
                 return
@@ -257,14 +257,16 @@ class ApcSession:
             self.store.save(self.measured)
             self.publish()
 
-    def _out_of_time(self, starting: bool) -> str | None:
-        """Why nothing more is begun under --apc-set stop_after: the next run, after a server start when
-        ``starting``, could end after the limit (the longest run measured so far, the servers' mean start-up;
-        the resumed session's included); None to go on."""
+    def _out_of_time(self, key: RunKey, starting: bool) -> str | None:
+        """Why nothing more is begun under --apc-set stop_after: run ``key``, after a server start when
+        ``starting``, could end after the limit (the longest run measured so far of its case family and
+        concurrency, else of any; the servers' mean start-up; the resumed session's included); None to go on."""
         limit = self.settings.stop_after
         if not limit:
             return None
-        longest = max((record.wall_s for record in self.measured.records.values()), default=0.0)
+        records = self.measured.records.values()
+        alike = [r.wall_s for r in records if (r.key.family, r.key.concurrency) == (key.family, key.concurrency)]
+        longest = max(alike or [r.wall_s for r in records] or [0.0])
         startups = [info.startup_s for info in self.measured.servers.values() if info.startup_s]
         start = sum(startups) / len(startups) if starting and startups else 0.0
         elapsed = time.monotonic() - self.began
@@ -272,8 +274,9 @@ class ApcSession:
             return None
         after = f" after a server start of {start:,.0f} s" if start else ""
         return (
-            f"the session's time is up (--apc-set stop_after={limit:g}): {elapsed:,.0f} s in, and the next run could "
-            f"take {longest:,.0f} s (the longest so far){after}; measure the runs left with --apc-resume {self.run_dir}"
+            f"the session's time is up (--apc-set stop_after={limit:g}): {elapsed:,.0f} s in, and run {key.id} could "
+            f"take {longest:,.0f} s (the longest {'like it ' * bool(alike)}so far){after}; measure the runs left with "
+            f"--apc-resume {self.run_dir}"
         )
 
     def _probe_chat_header(self, deployment: Deployment) -> None:
