@@ -681,6 +681,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{sys.argv[0]}: error: unrecognized arguments: {' '.join(args.refused)}", file=sys.stderr)
         return 2
     log(f"INFO fake vLLM starting (pid={PID})")
+    if os.path.isabs(args.model) and not os.path.isdir(args.model):  # vLLM takes it for a hub id and fails
+        print(
+            f"OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{args.model}'",
+            file=sys.stderr,
+        )
+        return 1
     if os.environ.get("VLLM_API_KEY"):
         log("INFO fake: an API key is required on the /v1 routes (VLLM_API_KEY)")
     if args.fake_model_tokenizer:

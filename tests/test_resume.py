@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pytest_apc.workload.models import ensure_tiny_model
 from tests.test_faults import fake_args
 
 SUITE = """
@@ -60,17 +61,23 @@ def test_a_resumed_session_measures_only_the_runs_missing_and_its_file_reads_lik
     tmp_path, run_inner
 ) -> None:
     (tmp_path / "test_suite.py").write_text(SUITE)
+    # The first job's machine has the generated model in its cache; the resumed job runs on another.
+    machine = tmp_path / "first-machine"
+    tiny = ensure_tiny_model()
+    shutil.copytree(tiny, machine / "models" / tiny.name)
     # The APC-on server dies in D-c2, its second run (4 prompts a run; no probe on an exact build).
     fault = ("--fake-die-after-requests", "6")
-    first = run_inner(*_args(*fault))
+    first = run_inner(*_args(*fault), env={"PYTEST_APC_CACHE_DIR": str(machine)})
     assert first.ret == 1, first.output[-3000:]
     folder = _folder(tmp_path)
     before = _doc(folder)
     assert sorted(_runs(before)) == ["C-c1", "C-c2", "D-c1"]
     assert list(before["errors"]) == ["D-c2"]
 
-    resumed = run_inner(*_args(*fault), f"--apc-resume={folder}")
+    other = machine.rename(tmp_path / "other-machine")  # the model the first job's runs name is not here
+    resumed = run_inner(*_args(*fault), f"--apc-resume={folder}", env={"PYTEST_APC_CACHE_DIR": str(other)})
     assert resumed.ret == 0, resumed.output[-3000:]
+    assert str(other / "models" / tiny.name) in (folder / "server-apc-on.log").read_text()
     assert f"resumed: 3 runs from {folder}, measuring 1 (on apc-on)" in resumed.output
     assert "apc-off: launching" not in resumed.output  # every run of the OFF server is there: not started
     assert "apc-on: run 4 of 4: measuring D-c2" in resumed.output

@@ -64,6 +64,7 @@ class ApcSession:
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     _active: Deployment | None = None
     _bench: BenchRunner | None = None
+    _served_model: str | None = None  # model(): what this session's servers load
     _external_fitted: bool = False  # the servers run elsewhere were asked their context
 
     def __post_init__(self) -> None:
@@ -358,9 +359,12 @@ class ApcSession:
     # -- what the deployments share --------------------------------------------------------------------------
 
     def model(self) -> str:
-        if self.measured.model is None:
-            self.measured.model = served_model(self.settings, self.progress)
-        return self.measured.model
+        """What this session's servers load, made here if it is generated: a resumed session's runs name the
+        earlier session's model, which may have been generated on another machine."""
+        if self._served_model is None:
+            self._served_model = served_model(self.settings, self.progress)
+            self.measured.model = self.measured.model or self._served_model
+        return self._served_model
 
     def _bench_runner(self) -> BenchRunner:
         if self._bench is None:
