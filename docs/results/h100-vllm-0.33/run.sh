@@ -17,6 +17,6 @@ python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/apcsite "
 export PYTHONPATH=/tmp/apcsite:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 mkdir -p /tmp/work-suite && cd /tmp/work-suite
 where=(--apc-results-dir "$RUN")  # the first session: a run folder is made under $RUN
-for earlier in "$RUN"/*/results.json; do [ -f "$earlier" ] && where=(--apc-resume "$(dirname "$earlier")"); done
+for earlier in "$RUN"/*/results.json; do [ -f "$earlier" ] && where=("--apc-resume=$(dirname "$earlier")"); done
 exec python3 -m pytest -p no:cacheprovider --pyargs tests_apc --gpu-node --apc-model-shape llama-3.1-8b \
   --apc-repeats 3 -v -rA "${where[@]}" -m "$SEL"
