@@ -621,8 +621,9 @@ class Settings:
             "Seconds after the session started by which it stops measuring (a job with a time limit: give "
             "the limit less the time to stop a server and report): a run, or a server start and its first run, "
             "that could end later is not begun. The estimate is the longest run measured so far of the same case "
-            "family and concurrency, else of any (the resumed session's included), and the servers' mean "
-            "start-up; before any run is measured there is none. The runs left fail as not measured, naming the "
+            "family and concurrency, else the longest at its concurrency (else of any) scaled by the prompt "
+            "tokens the two runs send (the resumed session's runs included), and the servers' mean start-up; "
+            "before any run is measured there is none. The runs left fail as not measured, naming the "
             "limit, and --apc-resume on the run folder measures them. 0: no limit"
         ),
         "SECONDS",

@@ -14,8 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pytest_apc.measure.session import ApcSession
+from pytest_apc.workload.cases import RunKey, workload_for
 from pytest_apc.workload.models import ensure_tiny_model
 from tests.test_faults import fake_args
+from tests.test_verdict import off_delta, record, settings
 
 SUITE = """
 import pytest
@@ -211,3 +214,28 @@ def test_a_session_with_a_time_limit_begins_nothing_that_could_end_after_it(tmp_
         assert _runs(merged)[run_id] == _runs(before)[run_id]
     compared = _cli("compare", str(folder / "results.json"), str(folder / "results.json"), "--repeats", "1")
     assert compared.returncode == 0, compared.stdout + compared.stderr
+
+
+def test_a_run_of_a_kind_not_measured_yet_is_estimated_from_the_prompt_tokens_it_sends(pytester, tmp_path) -> None:
+    """--apc-set stop_after before the first run of a case family at a concurrency: the longest run at that
+    concurrency, scaled by the prompt tokens the two send. Seen on one H100 (8B shape, full scale, 3 repeats):
+    C-c1 took 315 s, and E-c1, whose prompts are twice as long, was still measuring 530 s after it began."""
+    s = settings(pytester, "--apc-length-scale=1", "--apc-set=num_prompts=30", "--apc-set=stop_after=1000")
+    session = ApcSession(settings=s, run_dir=tmp_path, json_path=tmp_path / "results.json")
+    c1 = record(s, "C", 1, off_delta(s, "C"), 1375.0)
+    c1.wall_s = 315.0
+    a8 = record(s, "A", 8, off_delta(s, "A"), 3133.0)
+    a8.wall_s = 180.0
+    session.measured.records.update({c1.key: c1, a8.key: a8})
+    session.began -= 500  # 500 s into the session
+    rag, pure = (c1.workload.prompt_len, workload_for("rag", s).prompt_len)[::-1]
+    assert (rag, pure) == (32_000 + 32_768, 32_768 + 1024)
+    scaled = 315.0 * rag / pure  # 604 s: 500 + 604 > 1000
+    why = session._out_of_time(RunKey("E", 1), starting=False)
+    assert why is not None
+    assert f"run E-c1 could take {scaled:,.0f} s (the longest at its concurrency so far, C-c1, scaled" in why
+    assert session._out_of_time(RunKey("C", 2), starting=False) is None  # none at c2: C-c1's 315 s, of any
+    session.began -= 200  # 700 s in
+    assert "D-c1 could take 315 s (the longest like it so far)" in (session._out_of_time(RunKey("D", 1), False) or "")
+    session.began += 600  # 100 s in: E-c1 fits
+    assert session._out_of_time(RunKey("E", 1), starting=False) is None

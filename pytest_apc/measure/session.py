@@ -260,14 +260,12 @@ class ApcSession:
 
     def _out_of_time(self, key: RunKey, starting: bool) -> str | None:
         """Why nothing more is begun under --apc-set stop_after: run ``key``, after a server start when
-        ``starting``, could end after the limit (the longest run measured so far of its case family and
-        concurrency, else of any; the servers' mean start-up; the resumed session's included); None to go on."""
+        ``starting``, could end after the limit (:meth:`_run_estimate`, and the servers' mean start-up); None to
+        go on."""
         limit = self.settings.stop_after
         if not limit:
             return None
-        records = self.measured.records.values()
-        alike = [r.wall_s for r in records if (r.key.family, r.key.concurrency) == (key.family, key.concurrency)]
-        longest = max(alike or [r.wall_s for r in records] or [0.0])
+        longest, how = self._run_estimate(key)
         startups = [info.startup_s for info in self.measured.servers.values() if info.startup_s]
         start = sum(startups) / len(startups) if starting and startups else 0.0
         elapsed = time.monotonic() - self.began
@@ -276,9 +274,32 @@ class ApcSession:
         after = f" after a server start of {start:,.0f} s" if start else ""
         return (
             f"the session's time is up (--apc-set stop_after={limit:g}): {elapsed:,.0f} s in, and run {key.id} could "
-            f"take {longest:,.0f} s (the longest {'like it ' * bool(alike)}so far){after}; measure the runs left with "
-            f"--apc-resume {self.run_dir}"
+            f"take {longest:,.0f} s ({how}){after}; measure the runs left with --apc-resume {self.run_dir}"
         )
+
+    def _run_estimate(self, key: RunKey) -> tuple[float, str]:
+        """How long run ``key`` could take, and how that was estimated: the longest run measured so far of its
+        case family and concurrency; else the longest at its concurrency (else of any), scaled by the prompt
+        tokens the two runs send (prefill grows at least as fast: a case of twice the prompt takes about twice
+        as long); 0 before any run (the resumed session's runs count)."""
+        records = list(self.measured.records.values())
+        alike = [r.wall_s for r in records if (r.key.family, r.key.concurrency) == (key.family, key.concurrency)]
+        if alike:
+            return max(alike), "the longest like it so far"
+        if not records:
+            return 0.0, "none measured yet"
+        same = [r for r in records if r.key.concurrency == key.concurrency]
+        planned = workload_for(key.family, self.settings)
+
+        def scaled(record: RunRecord) -> float:
+            if "multiturn" in (key.family, record.key.family):  # turns, not one prompt each: not comparable
+                return record.wall_s
+            tokens = record.workload.prompt_len * record.workload.num_prompts
+            return record.wall_s * planned.prompt_len * planned.num_prompts / max(tokens, 1)
+
+        longest = max(same or records, key=scaled)
+        where = "at its concurrency " if same else ""
+        return scaled(longest), f"the longest {where}so far, {longest.key.id}, scaled to this run's prompt tokens"
 
     def _probe_chat_header(self, deployment: Deployment) -> None:
         """The template header every prompt carries; without it hits cannot be predicted (a warning)."""
