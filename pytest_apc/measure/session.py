@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pytest_apc.config import Settings
+from pytest_apc.measure import estimate
 from pytest_apc.measure.bench import BenchError, BenchRunner
 from pytest_apc.measure.records import Measured, MeasurementError, RunRecord, RunSkipped
 from pytest_apc.measure.run import Measurer
@@ -260,12 +261,12 @@ class ApcSession:
 
     def _out_of_time(self, key: RunKey, starting: bool) -> str | None:
         """Why nothing more is begun under --apc-set stop_after: run ``key``, after a server start when
-        ``starting``, could end after the limit (:meth:`_run_estimate`, and the servers' mean start-up); None to
-        go on."""
+        ``starting``, could end after the limit (``estimate.run_seconds``, and the servers' mean start-up); None
+        to go on."""
         limit = self.settings.stop_after
         if not limit:
             return None
-        longest, how = self._run_estimate(key)
+        longest, how = estimate.run_seconds(key, self.measured.records.values(), self.settings)
         startups = [info.startup_s for info in self.measured.servers.values() if info.startup_s]
         start = sum(startups) / len(startups) if starting and startups else 0.0
         elapsed = time.monotonic() - self.began
@@ -276,30 +277,6 @@ class ApcSession:
             f"the session's time is up (--apc-set stop_after={limit:g}): {elapsed:,.0f} s in, and run {key.id} could "
             f"take {longest:,.0f} s ({how}){after}; measure the runs left with --apc-resume {self.run_dir}"
         )
-
-    def _run_estimate(self, key: RunKey) -> tuple[float, str]:
-        """How long run ``key`` could take, and how that was estimated: the longest run measured so far of its
-        case family and concurrency; else the longest at its concurrency (else of any), scaled by the prompt
-        tokens the two runs send (prefill grows at least as fast: a case of twice the prompt takes about twice
-        as long); 0 before any run (the resumed session's runs count)."""
-        records = list(self.measured.records.values())
-        alike = [r.wall_s for r in records if (r.key.family, r.key.concurrency) == (key.family, key.concurrency)]
-        if alike:
-            return max(alike), "the longest like it so far"
-        if not records:
-            return 0.0, "none measured yet"
-        same = [r for r in records if r.key.concurrency == key.concurrency]
-        planned = workload_for(key.family, self.settings)
-
-        def scaled(record: RunRecord) -> float:
-            if "multiturn" in (key.family, record.key.family):  # turns, not one prompt each: not comparable
-                return record.wall_s
-            tokens = record.workload.prompt_len * record.workload.num_prompts
-            return record.wall_s * planned.prompt_len * planned.num_prompts / max(tokens, 1)
-
-        longest = max(same or records, key=scaled)
-        where = "at its concurrency " if same else ""
-        return scaled(longest), f"the longest {where}so far, {longest.key.id}, scaled to this run's prompt tokens"
 
     def _probe_chat_header(self, deployment: Deployment) -> None:
         """The template header every prompt carries; without it hits cannot be predicted (a warning)."""

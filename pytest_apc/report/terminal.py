@@ -14,6 +14,7 @@ import pytest
 from tabulate import tabulate
 
 from pytest_apc.config import Settings, flag_value, model_path_for_display
+from pytest_apc.measure.estimate import run_seconds
 from pytest_apc.measure.provenance import LAYOUT_FLAGS
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.redaction import redact
@@ -87,9 +88,10 @@ def _count(n: int, what: str) -> str:
 
 class RunProgress:
     """A progress line as each run starts and ends (the session's ``on_run``): "run i of N", what the run
-    measured or why it failed, and an estimate of the time left from what was measured so far (the mean
-    seconds per run this process measured times the runs left, plus the mean start-up of the servers
-    started times the servers left to start; stopping servers is not counted)."""
+    measured or why it failed, and an estimate of the time left from what was measured so far (each run left
+    as ``estimate.run_seconds`` has it, or, while no run is measured, the mean seconds of those that failed;
+    plus the mean start-up of the servers started times the servers left to start; stopping servers is not
+    counted)."""
 
     def __init__(self, session: ApcSession, write: Callable[[str], None]) -> None:
         self.session = session
@@ -125,12 +127,17 @@ class RunProgress:
 
     def _left(self) -> str:
         session = self.session
-        runs = len(session.plan.keys) - len(self._done())
+        left = [key for key in session.plan.keys if key not in self._done()]
+        runs = len(left)
         if not runs:
             return "nothing left to measure"
         servers = len([m for m in session.plan.modes() if m not in session.measured.done_modes])
         startups = [info.startup_s for info in session.measured.servers.values() if info.startup_s is not None]
-        estimate = sum(self.seconds) / len(self.seconds) * runs
+        records = session.measured.records.values()
+        if records:
+            estimate = sum(run_seconds(key, records, session.settings)[0] for key in left)
+        else:
+            estimate = sum(self.seconds) / len(self.seconds) * runs
         if servers and startups:
             estimate += sum(startups) / len(startups) * servers
         what = _count(runs, "run") + (f", {_count(servers, 'server start')}" if servers else "")
