@@ -33,7 +33,7 @@ from pytest_apc.gate.resume import Resume
 from pytest_apc.measure.records import MeasurementError, RunRecord, RunSkipped
 from pytest_apc.measure.session import ApcSession
 from pytest_apc.results import document as results
-from pytest_apc.serving import preflight
+from pytest_apc.serving import guard, preflight
 from pytest_apc.serving import process as procs
 from pytest_apc.verdicts import Pair, Verdict, not_comparable
 from pytest_apc.workload import fit
@@ -160,8 +160,10 @@ def pytest_configure(config: pytest.Config) -> None:
         winput = config.workerinput  # type: ignore[attr-defined]
         procs.configure(winput.get("apc_owner"), winput.get("apc_registry"))
     else:
-        procs.configure()
+        tag, registry = procs.configure()
         atexit.register(procs.reap)
+        if settings.enabled:  # servers may be launched: stopped even if this process is killed outright
+            guard.start(tag, registry)
     config.stash[REAPS_KEY] = True
     if threading.current_thread() is threading.main_thread():
         previous = signal.getsignal(signal.SIGTERM)

@@ -1,0 +1,60 @@
+"""The guard: what stops a run's servers when pytest itself is killed outright.
+
+SIGKILL (a scheduler's kill after its grace period, ``timeout -s KILL``), a crash or the OOM killer end
+pytest without its teardown, and the servers it started live in process groups of their own, so nothing
+would stop them and the next run on the node would find its GPUs taken. The guard is a small process, in a
+session of its own, started by the run's controller: it waits for that pytest process to end and then kills
+what the run still has registered or tagged (``process.reap``). A run that ends normally reaps first, and
+the guard with it (it carries the run's owner tag).
+
+Run as ``python -m pytest_apc.serving.guard PID CREATE_TIME TAG REGISTRY``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+import psutil
+
+from pytest_apc.serving import process as procs
+
+POLL_S = 0.5  # how soon after pytest is gone its servers are killed
+_started: list[subprocess.Popen[bytes]] = []  # kept: a Popen collected while its process runs warns
+
+
+def start(tag: str, registry: str) -> subprocess.Popen[bytes]:
+    """The guard of this process (the run's controller) and its run ``tag``/``registry``."""
+    me = psutil.Process()
+    argv = [sys.executable, "-m", __name__, str(me.pid), repr(me.create_time()), tag, registry]
+    guard = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, procs.OWNER_ENV: tag}, start_new_session=True,  # not in the group a Ctrl-C reaches
+    )  # fmt: skip
+    _started.append(guard)
+    return guard
+
+
+def _running(pid: int, created: float) -> bool:
+    """Whether the process ``pid`` that started at ``created`` still runs (not another one given its pid)."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def main(argv: Sequence[str]) -> int:
+    pid, created, tag, registry = int(argv[0]), float(argv[1]), argv[2], argv[3]
+    procs.configure(tag, registry)
+    while _running(pid, created):
+        time.sleep(POLL_S)
+    procs.reap(tag)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
