@@ -127,7 +127,8 @@ class RunProgress:
 
     def _left(self) -> str:
         session = self.session
-        left = [key for key in session.plan.keys if key not in self._done()]
+        done = self._done()
+        left = [key for key in session.plan.keys if key not in done]
         runs = len(left)
         if not runs:
             return "nothing left to measure"
