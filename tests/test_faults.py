@@ -602,6 +602,26 @@ def test_killed_xdist_worker_leaves_nothing(suite, run_inner) -> None:
     assert not inner.leftovers(settle=15), "killed workers left servers behind"
 
 
+def test_killed_xdist_controller_leaves_no_worker_and_no_server(suite, run_inner) -> None:
+    """The controller SIGKILLed while its workers benchmark: the guard stops the servers, and the workers,
+    whose controller is gone, must not live on."""
+    import psutil
+
+    inner = run_inner(*fake_args("--fake-children", "2"), "-n", "2", "--apc-set=output_len=3000000", wait=False)
+    inner.wait_for(suite, "apc-results/*/bench/*.log", "the benchmark", timeout=120)
+    children = psutil.Process(inner.pid).children()
+    workers = [
+        p for p in children if "pytest" in " ".join(p.cmdline()) and "serving.guard" not in " ".join(p.cmdline())
+    ]
+    assert len(workers) == 2, workers
+    inner.proc.send_signal(signal.SIGKILL)
+    inner.wait()
+    assert inner.ret == -signal.SIGKILL
+    assert not inner.leftovers(settle=15), "the killed controller left servers behind"
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, f"xdist workers outlived their killed controller: {alive}"
+
+
 def test_benchmark_exception_is_a_failure_with_its_traceback(suite, run_inner) -> None:
     """What a non-zero exit of `vllm bench serve` would be: here its tokenizer cannot be loaded."""
     inner = run_inner(*fake_args(), "--apc-tokenizer=/nonexistent/tokenizer")
