@@ -159,6 +159,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if _is_worker(config):
         winput = config.workerinput  # type: ignore[attr-defined]
         procs.configure(winput.get("apc_owner"), winput.get("apc_registry"))
+        procs.register_worker()  # a controller killed outright leaves it running: its guard stops it
     else:
         tag, registry = procs.configure()
         atexit.register(procs.reap)

@@ -107,6 +107,35 @@ def test_stop_escalates_to_sigkill_and_reaches_the_group(tmp_path: Path) -> None
     assert not list(procs.registry_dir().glob(f"{proc.pid}.pgid"))
 
 
+def test_reap_kills_a_registered_worker_and_not_a_later_process_given_its_pid(tmp_path: Path) -> None:
+    """An xdist worker registers itself: when its controller is killed outright, the guard's reap stops it (it
+    would go on running tests and starting servers). A registration whose start time does not match the
+    process now holding that pid is another process, and lives."""
+    registry = procs.registry_dir()
+    code = (
+        "import sys, time\nfrom pytest_apc.serving import process as p\n"
+        f"p.configure('worker-of-another-tag', {str(registry)!r})\np.register_worker()\n"
+        "print('ready', flush=True)\ntime.sleep(1000)\n"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)"])
+    try:
+        assert worker.stdout is not None
+        assert worker.stdout.readline() == b"ready\n"
+        assert (registry / f"{worker.pid}.pid").is_file()
+        (registry / f"{bystander.pid}.pid").write_text("12345.0")  # a worker that ran long ago, under this pid
+        killed = procs.reap()
+        assert worker.pid in killed
+        assert bystander.pid not in killed
+        assert worker.wait(timeout=10) == -signal.SIGKILL
+        assert bystander.poll() is None
+        assert not list(registry.glob("*.pid"))
+    finally:
+        for proc in (worker, bystander):
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.10 cannot start a child in a group of its own only")
 def test_a_child_has_a_process_group_of_its_own_in_pytests_session(tmp_path: Path) -> None:
     """Its own group, so that stopping reaches its whole tree; pytest's session, so that a server's busy poll

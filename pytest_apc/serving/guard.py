@@ -5,7 +5,8 @@ pytest without its teardown, and the servers it started live in process groups o
 would stop them and the next run on the node would find its GPUs taken. The guard is a small process, in a
 session of its own, started by the run's controller: it waits for that pytest process to end and then kills
 what the run still has registered or tagged (``process.reap``). A run that ends normally reaps first, and
-the guard with it (it carries the run's owner tag).
+the guard with it (it carries the run's owner tag). The xdist workers are registered too: they would go
+on running tests, and starting servers, after their controller is gone.
 
 Run as ``python -m pytest_apc.serving.guard PID CREATE_TIME TAG REGISTRY``.
 """
@@ -23,6 +24,7 @@ import psutil
 from pytest_apc.serving import process as procs
 
 POLL_S = 0.5  # how soon after pytest is gone its servers are killed
+REAP_FOR_S = 30.0  # the longest the guard goes on killing what the run's processes still start
 _started: list[subprocess.Popen[bytes]] = []  # kept: a Popen collected while its process runs warns
 
 
@@ -52,7 +54,10 @@ def main(argv: Sequence[str]) -> int:
     procs.configure(tag, registry)
     while _running(pid, created):
         time.sleep(POLL_S)
-    procs.reap(tag)
+    # Again while a pass kills something: a worker may have been starting a server while the first ran.
+    deadline = time.monotonic() + REAP_FOR_S
+    while procs.reap(tag) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
     return 0
 
 

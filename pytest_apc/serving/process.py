@@ -10,6 +10,9 @@ workers. Each one is
   worker (passed through ``workerinput``), so the controller can kill what a crashed or interrupted
   worker left behind.
 
+The xdist workers register themselves too (``<pid>.pid``, with their start time): a controller killed
+outright leaves them running a test or starting its server, and its guard must stop them with the servers.
+
 Stopping is SIGTERM to the group, a grace period, then SIGKILL to the group and to every tagged
 descendant. ``reap()`` does the SIGKILL part for everything registered or tagged; the plugin calls it
 from ``pytest_unconfigure`` and at interpreter exit.
@@ -81,6 +84,13 @@ def spawn(
     return proc
 
 
+def register_worker() -> None:
+    """Register this process (an xdist worker) for ``reap``: killed with the servers when its controller
+    is gone. Its start time tells it from a later process given the same pid."""
+    me = psutil.Process()
+    (registry_dir() / f"{me.pid}.pid").write_text(repr(me.create_time()))
+
+
 def _tagged(tag: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["pid"]):
@@ -144,7 +154,8 @@ def stop(proc: subprocess.Popen[bytes], grace: float) -> int | None:
 
 
 def reap(tag: str | None = None) -> list[int]:
-    """SIGKILL every registered group and every process tagged with this run; return the pids killed."""
+    """SIGKILL every registered group and worker and every process tagged with this run; return the pids
+    killed."""
     killed: list[int] = []
     registry = _state.get("registry")
     if registry and Path(registry).is_dir():
@@ -153,6 +164,13 @@ def reap(tag: str | None = None) -> list[int]:
             if psutil.pid_exists(pgid):
                 _killpg(pgid, signal.SIGKILL)
                 killed.append(pgid)
+            entry.unlink(missing_ok=True)
+        for entry in Path(registry).glob("*.pid"):
+            with contextlib.suppress(psutil.Error, OSError, ValueError):
+                proc = psutil.Process(int(entry.stem))
+                if proc.pid != os.getpid() and proc.create_time() == float(entry.read_text()):
+                    proc.kill()
+                    killed.append(proc.pid)
             entry.unlink(missing_ok=True)
     tag = tag or _state.get("tag")
     if tag:
