@@ -40,19 +40,10 @@ def start(tag: str, registry: str) -> subprocess.Popen[bytes]:
     return guard
 
 
-def _running(pid: int, created: float) -> bool:
-    """Whether the process ``pid`` that started at ``created`` still runs (not another one given its pid)."""
-    try:
-        proc = psutil.Process(pid)
-        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def main(argv: Sequence[str]) -> int:
     pid, created, tag, registry = int(argv[0]), float(argv[1]), argv[2], argv[3]
     procs.configure(tag, registry)
-    while _running(pid, created):
+    while procs.running(pid, created):
         time.sleep(POLL_S)
     # Again while a pass kills something: a worker may have been starting a server while the first ran.
     deadline = time.monotonic() + REAP_FOR_S

@@ -91,6 +91,15 @@ def register_worker() -> None:
     (registry_dir() / f"{me.pid}.pid").write_text(repr(me.create_time()))
 
 
+def running(pid: int, created: float) -> bool:
+    """Whether the process ``pid`` that started at ``created`` still runs (not another one given its pid)."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _tagged(tag: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["pid"]):
@@ -166,11 +175,11 @@ def reap(tag: str | None = None) -> list[int]:
                 killed.append(pgid)
             entry.unlink(missing_ok=True)
         for entry in Path(registry).glob("*.pid"):
-            with contextlib.suppress(psutil.Error, OSError, ValueError):
-                proc = psutil.Process(int(entry.stem))
-                if proc.pid != os.getpid() and proc.create_time() == float(entry.read_text()):
-                    proc.kill()
-                    killed.append(proc.pid)
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(entry.stem)
+                if pid != os.getpid() and running(pid, float(entry.read_text())):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
             entry.unlink(missing_ok=True)
     tag = tag or _state.get("tag")
     if tag:
