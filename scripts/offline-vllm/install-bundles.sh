@@ -22,5 +22,7 @@ rm -rf "$SITE"
 # nvidia-cutlass-dsl ships a .pth file, which Python reads only in site folders, not on PYTHONPATH.
 echo "export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages\${PYTHONPATH:+:\$PYTHONPATH} PATH=$SITE/bin:\$PATH" > "$SITE/ENV.sh"
 . "$SITE/ENV.sh"
-cd /tmp
-"$PY" -c "import torch, vllm; print('installed: vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+cd /tmp  # not inside a checkout, whose packages would be imported instead
+for module in ${CHECK:-torch vllm}; do
+  "$PY" -c "import $module as m; print('imports: $module', getattr(m, '__version__', ''), 'from', m.__file__)"
+done
