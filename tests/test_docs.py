@@ -980,8 +980,12 @@ def test_h200_offload_page_shows_what_report_prints_of_its_file(monkeypatch: pyt
 
 
 COMMITTED_RESULTS = sorted(p.relative_to(REPO) for p in (DOCS / "results").glob("**/results.json"))
-# Runs whose tests failed (a cache that serves wrong content; two multi-turn verdicts): report exits 1 on them.
-FAILED_RUNS = {Path(f"docs/results/{run}/results.json") for run in ("h200-answers/fault", "h200-multiturn/full")}
+# Runs whose tests failed (a cache that serves wrong content; two multi-turn verdicts; runs a session's time
+# left out): report exits 1 on them.
+FAILED_RUNS = {
+    Path(f"docs/results/{run}/results.json")
+    for run in ("h200-answers/fault", "h200-multiturn/full", "h100-vllm-0.33-offload")
+}
 
 
 @pytest.mark.parametrize("path", COMMITTED_RESULTS, ids=str)
@@ -1523,3 +1527,45 @@ def test_main_job_page_table_is_what_its_script_prints_of_its_sessions() -> None
     commits = {r["commit"][:7] for r in records}
     assert len(commits) == 1
     assert f"at commit {commits.pop()}" in page
+
+
+def test_vllm_033_offload_page_is_what_report_prints_of_its_file(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """vLLM 0.33.0's offload session: its report block is what `report` prints of its results file, and the
+    figures its prose quotes (hits per tier, queries, the tier's reported size) are the file's."""
+    import json
+
+    from pytest_apc.__main__ import main
+
+    folder = DOCS / "results" / "h100-vllm-0.33-offload"
+    path = "docs/results/h100-vllm-0.33-offload/results.json"
+    page = (folder / "README.md").read_text()
+    monkeypatch.chdir(REPO)
+    assert main(["report", path]) == 1  # the runs the session left out fail as not measured
+    assert _block_after(page, "<!-- report -->") == capsys.readouterr().out.splitlines()
+    data = json.loads((folder / "results.json").read_text())
+    assert data["environment"]["vllm"] == "0.33.0"
+    prose = _flat(page[page.index("## What the numbers say") :])
+    assert f"commit {data['environment']['git_commit'][:7]}" in _flat(page)
+    rows = {r["id"]: r for r in data["offload"]}
+    assert set(rows) == {"M-c1-small-cache", "M-c1-offload-tier", "O-c1", "O-c8"}
+    assert set(data["errors"]) == {"N-c1", "N-c8"}  # what the session's time left out
+    for o in ("O-c1", "O-c8"):
+        assert rows[o]["hits_all_tiers"] == rows[o]["expected_hits"]
+        assert f"{rows[o]['hits_all_tiers']:,} of {rows[o]['expected_hits']:,}" in prose
+    tier, small = rows["M-c1-offload-tier"], rows["M-c1-small-cache"]
+    assert f"{tier['hits_all_tiers']:,} of {tier['expected_hits']:,}" in prose
+    assert f"served {small['hits_all_tiers']:,}" in prose
+    assert rows["O-c1"]["gpu_cache_hits"] == rows["O-c1"]["gpu_cache_hits_replayed"]
+    assert f"({rows['O-c1']['gpu_cache_hits']:,} for O" in prose
+    c8 = rows["O-c8"]
+    assert f"served {c8['gpu_cache_hits']:,} against the replay's {c8['gpu_cache_hits_replayed']:,}" in prose
+    assert c8["prefix_cache_queries"] == c8["input_tokens"]
+    assert f"{c8['prefix_cache_queries']:,} queries for {c8['input_tokens']:,} prompt tokens" in prose
+    for server in data["servers"]:
+        offload = server["offload"]
+        if offload["reported_tier_tokens"] is not None:
+            assert offload["reported_tier_tokens"] == offload["tier_tokens"]
+            assert f"{offload['reported_tier_tokens']:,} tokens for {offload['tier_gib']:g} GiB" in prose or (
+                f"{offload['reported_tier_tokens']:,} for {offload['tier_gib']:g} GiB" in prose
+            )
+    assert all(r["preemptions"] == 0 for r in data["runs"])
