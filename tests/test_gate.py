@@ -337,3 +337,22 @@ def test_the_terminal_summary_prints_the_rule_the_runs_and_the_failures(pytester
     assert lines[start + 7].endswith(" REGRESSED")
     assert "+200.0%" in lines[start + 7]
     assert lines[start + 8].startswith("FAIL baseline: D-c8: mean TTFT (median of the cold repeats) ")
+
+
+def test_offload_and_multiturn_runs_are_named_not_gated(tmp_path) -> None:
+    """A file of offload and multi-turn runs alone (a real session's) is refused naming them, not as an
+    incomplete run; beside a run of the six cases they pass unmentioned."""
+    path = Path(__file__).parents[1] / "docs" / "results" / "h100-vllm-0.33-offload" / "results.json"
+    doc = json.loads(path.read_text())
+    ids = "M-c1-offload-tier, M-c1-small-cache, O-c1, O-c8"
+    refused = gate.compare_documents(doc, doc, "b.json", 0.01, 3)
+    assert refused.failures == [
+        f"baseline b.json has no measured runs to compare with: its offload and multi-turn runs ({ids}) "
+        "are not gated (the gate compares cases A to F only)"
+    ]
+    single = json.loads((path.parents[1] / "h200-gate" / "same-build" / "cd-1" / "results.json").read_text())
+    nothing = gate.compare_documents(single, doc, "b.json", 0.01, 3)
+    assert nothing.failures == [
+        f"nothing was measured to compare with baseline b.json: the offload and multi-turn runs ({ids}) "
+        "are not gated (the gate compares cases A to F only)"
+    ]

@@ -416,8 +416,8 @@ def compare_documents(old: Document, new: Document, baseline: str, false_alarm: 
     """The gate's rules: results document ``new`` against the baseline document ``old`` (read from
     ``baseline``, which the messages name). Refused (a failure) when the baseline has no runs, ``new`` has
     none, they were measured under other conditions, or they share no run; a run of ``new`` the baseline
-    lacks, while others overlap, is a warning (``Gate.warnings``). Fleet runs (case R) are not gated; a
-    refusal for want of runs names the fleet runs a document has instead."""
+    lacks, while others overlap, is a warning (``Gate.warnings``). Fleet runs (case R) and the offload and
+    multi-turn runs are not gated; a refusal for want of runs names those a document has instead."""
     old, new = Results.of(old), Results.of(new)
     gate = Gate(baseline=baseline)
     old_runs, new_runs = noise.gated_runs(old), noise.gated_runs(new)
@@ -454,8 +454,18 @@ def compare_documents(old: Document, new: Document, baseline: str, false_alarm: 
 
 
 def _not_gated(doc: Results, whose: str) -> str:
-    """``: the fleet runs (R-c8-round_robin) are not gated`` for a document with fleet runs; else ""."""
-    ids = [run.key.id for run in doc.runs if run.key.route]
-    if not ids:
-        return ""
-    return f": {whose} fleet runs ({', '.join(ids)}) are not gated (the gate compares single-server runs only)"
+    """``: the fleet runs (R-c8-round_robin) are not gated ...`` for a document with runs the gate does not
+    judge (fleet runs; offload and multi-turn runs), naming them; else ""."""
+    fleet = [run.key.id for run in doc.runs if run.key.route]
+    tiers = [run.key.id for run in doc.runs if not run.key.route and run.key.family in noise.NOT_GATED_FAMILIES]
+    parts = []
+    if fleet:
+        parts.append(
+            f"{whose} fleet runs ({', '.join(fleet)}) are not gated (the gate compares single-server runs only)"
+        )
+    if tiers:
+        parts.append(
+            f"{whose} offload and multi-turn runs ({', '.join(tiers)}) are not gated "
+            "(the gate compares cases A to F only)"
+        )
+    return ": " + "; ".join(parts) if parts else ""

@@ -248,13 +248,17 @@ class Calibration:
         )
 
 
+# Case families the gate does not judge: the offload cases (N, O) and the conversations (L, M).
+NOT_GATED_FAMILIES = ("offload", "multiturn")
+
+
 def gated_runs(doc: Document) -> dict[str, RunRecord]:
-    """The runs of a results document the gate can judge, by id: the six cases' runs (fleet and offload
-    runs are not gated)."""
+    """The runs of a results document the gate can judge, by id: the six cases' runs (fleet runs and the
+    families in ``NOT_GATED_FAMILIES`` are not gated)."""
     return {
         run.key.id: run
         for run in Results.of(doc).runs
-        if not run.key.route and run.key.family not in ("offload", "multiturn")
+        if not run.key.route and run.key.family not in NOT_GATED_FAMILIES
     }
 
 
