@@ -339,9 +339,9 @@ def test_the_terminal_summary_prints_the_rule_the_runs_and_the_failures(pytester
     assert lines[start + 8].startswith("FAIL baseline: D-c8: mean TTFT (median of the cold repeats) ")
 
 
-def test_offload_and_multiturn_runs_are_named_not_gated(tmp_path) -> None:
+def test_offload_and_multiturn_runs_are_named_not_gated() -> None:
     """A file of offload and multi-turn runs alone (a real session's) is refused naming them, not as an
-    incomplete run; beside a run of the six cases they pass unmentioned."""
+    incomplete run, both as the baseline and as the run gated against a baseline of the six cases."""
     path = Path(__file__).parents[1] / "docs" / "results" / "h100-vllm-0.33-offload" / "results.json"
     doc = json.loads(path.read_text())
     ids = "M-c1-offload-tier, M-c1-small-cache, O-c1, O-c8"
