@@ -47,3 +47,18 @@ def test_longest_request_is_the_longest_family(pytester: pytest.Pytester) -> Non
     assert lengths["rag"] == 4064
     assert request_tokens(longest(settings)[1]) == max(lengths.values()) == 4064
     assert longest(settings) == ("rag", workload_for("rag", settings))
+
+
+def test_kv_working_set_holds_each_shared_prefix_once() -> None:
+    """With APC the header's blocks are held once and each prefix group's own blocks once per group in flight;
+    without APC every request holds all its blocks."""
+    one = Workload("pure", prefix_len=2048, suffix_len=64, output_len=16, num_prompts=30, seed=0)
+    assert one.kv_working_set(8, 26, 128, apc=False) == (136, "concurrency 8 x 17 blocks per request")
+    assert one.kv_working_set(8, 26, 128, apc=True) == (
+        24, "concurrency 8 x 1 blocks per request + 16 shared prefix blocks held once"
+    )  # fmt: skip
+    groups = Workload("fleet", 2048, 64, 16, 32, 0, prefix_groups=4)  # header 1 block, 16 more per group
+    assert groups.kv_working_set(8, 200, 128, apc=True)[0] == 8 * 2 + 1 + 4 * 16  # 19 blocks a request, 17 shared
+    assert groups.kv_working_set(2, 200, 128, apc=True)[0] == 2 * 2 + 1 + 2 * 16  # 2 groups in flight at most
+    no_shared_block = Workload("overhead", 0, 2048, 16, 30, 0)
+    assert no_shared_block.kv_working_set(8, 26, 128, apc=True) == no_shared_block.kv_working_set(8, 26, 128, False)

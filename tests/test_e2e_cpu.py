@@ -251,6 +251,28 @@ def test_off_server_that_is_not_off_is_refused(tmp_path) -> None:
     assert not inner.leftovers()
 
 
+def test_a_shared_prefix_counts_once_against_the_kv_cache(tmp_path) -> None:
+    """A real vLLM whose KV cache holds 40 blocks of 128 tokens: D-c8's requests hold 17 blocks each, 16 of
+    them the shared prefix, so 8 x 1 + 16 = 24 blocks at once. Under kv_check=fail the run is measured, with
+    no warning, no preemption and every predicted hit. Counted per request (136 blocks) it was refused."""
+    from tests.conftest import InnerRun
+
+    args = [str(TESTS_APC), "-m", "pure and not sweep", "-k", "test_cached_tokens", "--cpu-node", "-v",
+            "--apc-set=kv_check=fail", "--apc-server-arg=--num-gpu-blocks-override=40",
+            f"--apc-results-dir={tmp_path}/apc-results"]  # fmt: skip
+    inner = InnerRun(args, tmp_path, timeout=900).wait()
+    assert inner.ret == 0, inner.output[-5000:]
+    assert "test_cached_tokens[D-c8] PASSED" in inner.output
+    data = results(tmp_path)
+    (server,) = data["servers"]
+    assert (server["mode"], server["num_gpu_blocks"], server["block_size"]) == ("apc-on", 40, 128)
+    (run,) = data["runs"]
+    assert run["preemptions"] == 0
+    assert data["warnings"] == []
+    assert data["errors"] == {}
+    assert not inner.leftovers()
+
+
 def test_a_real_server_without_metrics_fails_in_seconds_not_at_the_timeout(tmp_path) -> None:
     """Real vLLM with --disable-log-stats answers /health and /v1/models but publishes no vllm: series: it
     would never be ready, so the plugin fails it a few polls after it answers (the startup timeout is

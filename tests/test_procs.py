@@ -151,19 +151,23 @@ def test_a_child_has_a_process_group_of_its_own_in_pytests_session(tmp_path: Pat
 
 @pytest.mark.parametrize(("mode", "measured"), [("warn", True), ("fail", False)])
 def test_kv_working_set_beyond_capacity(pytester: pytest.Pytester, tmp_path: Path, mode: str, measured: bool) -> None:
+    """C-c8 holds 8 x 17 blocks (APC off: nothing shared) and is warned or refused; D-c8 holds its 16 blocks of
+    shared prefix once and 1 block per request, 24 in all, and runs without a warning in either mode."""
     settings = apc_config.resolve(pytester.parseconfig("--cpu-node", f"--apc-set=kv_check={mode}"), environ={})
     session = ApcSession(settings=settings, run_dir=tmp_path, json_path=tmp_path / "r.json")
-    info = ServerInfo(mode="apc-on", command=[], url="", log="", block_size=128, num_gpu_blocks=40,
+    info = ServerInfo(mode="apc-off", command=[], url="", log="", block_size=128, num_gpu_blocks=40,
                       chat_header_tokens=26)  # fmt: skip
-    runs = [PlannedRun(RunKey("D", c), workload_for("pure", settings)) for c in (1, 8)]
+    pure = workload_for("pure", settings)
+    runs = [PlannedRun(RunKey(case, c), pure) for case in "CD" for c in (1, 8)]
     kept = [run.key for run in session._check_kv_capacity(runs, info)]
-    assert (RunKey("D", 8) in kept) is measured
-    assert RunKey("D", 1) in kept  # 17 blocks fit in 40
+    assert (RunKey("C", 8) in kept) is measured
+    assert {RunKey("C", 1), RunKey("D", 1), RunKey("D", 8)} <= set(kept)  # 17 blocks fit in 40; D-c8 holds 24
     assert session.measured.warnings == [
-        "run D-c8: concurrency 8 x 17 blocks per request = 136 KV-cache blocks, more than the apc-on server's 40 "
+        "run C-c8: concurrency 8 x 17 blocks per request = 136 KV-cache blocks, more than the apc-off server's 40 "
         "(block size 128): expect preemptions and evicted prefix blocks"
     ]
-    assert (RunKey("D", 8) in session.measured.errors) is not measured
+    assert (RunKey("C", 8) in session.measured.errors) is not measured
+    assert RunKey("D", 8) not in session.measured.errors
 
 
 def test_port_taken_between_choice_and_bind_is_retried(tmp_path: Path, monkeypatch) -> None:

@@ -297,15 +297,15 @@ class ApcSession:
             if key.family == "offload":  # its GPU cache is too small on purpose
                 kept.append(run)
                 continue
-            per_request = run.workload.kv_blocks_per_request(info.chat_header_tokens or 0, info.block_size)
-            blocks = key.concurrency * per_request
+            blocks, words = run.workload.kv_working_set(
+                key.concurrency, info.chat_header_tokens or 0, info.block_size, key.apc
+            )
             if blocks <= info.num_gpu_blocks:
                 kept.append(run)
                 continue
             message = (
-                f"run {key.id}: concurrency {key.concurrency} x {per_request} blocks per request "
-                f"= {blocks} KV-cache blocks, more than the {info.mode} server's {info.num_gpu_blocks} "
-                f"(block size {info.block_size}): expect preemptions and evicted prefix blocks"
+                f"run {key.id}: {words} = {blocks} KV-cache blocks, more than the {info.mode} server's "
+                f"{info.num_gpu_blocks} (block size {info.block_size}): expect preemptions and evicted prefix blocks"
             )
             self._warn(message)
             if self.settings.kv_check == "fail":

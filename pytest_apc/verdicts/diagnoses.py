@@ -63,12 +63,12 @@ def diagnose_short_hits(run: RunRecord, d: Delta | None) -> str:
     if d is not None and d.preemptions:
         causes.append(f"{d.preemptions} preemptions during the run: blocks were freed and recomputed")
     if p is not None and info.num_gpu_blocks is not None and info.block_size:
-        prompt_blocks = run.workload.kv_blocks_per_request(run.header_tokens, info.block_size)
-        working_set = run.key.concurrency * prompt_blocks
+        working_set, words = run.workload.kv_working_set(
+            run.key.concurrency, run.header_tokens, info.block_size, run.key.apc
+        )
         if working_set > info.num_gpu_blocks:
             causes.append(
-                f"KV-cache capacity: concurrency {run.key.concurrency} x {prompt_blocks} blocks per request = "
-                f"{working_set} blocks > the server's {info.num_gpu_blocks} (evictions)"
+                f"KV-cache capacity: {words} = {working_set} blocks > the server's {info.num_gpu_blocks} (evictions)"
             )
     if p is not None and p.shared_blocks == 0:
         causes.append(

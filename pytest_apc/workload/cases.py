@@ -139,6 +139,28 @@ class Workload:
         """KV-cache blocks one request holds at its longest: template header, prompt and output."""
         return ceil_div(header_tokens + self.prompt_len + self.output_len, block_size)
 
+    def shared_blocks(self, header_tokens: int, block_size: int) -> int:
+        """The whole blocks of the prefix every request of a group shares, template header included."""
+        return (header_tokens + self.prefix_len) // block_size
+
+    def kv_working_set(self, concurrency: int, header_tokens: int, block_size: int, apc: bool) -> tuple[int, str]:
+        """The KV-cache blocks ``concurrency`` requests hold at once at their longest, and that sum in words.
+
+        Without APC each request holds all its blocks. With APC a cached block is shared by every request
+        that uses it, so the shared prefix is held once: the template header's blocks once, each prefix
+        group's own blocks once per group in flight. Counting it per request would warn (and, under
+        ``kv_check=fail``, refuse) a run such as F-c8 whose working set fits.
+        """
+        per_request = self.kv_blocks_per_request(header_tokens, block_size)
+        header = header_tokens // block_size
+        shared = self.shared_blocks(header_tokens, block_size)
+        held_once = header + min(concurrency, self.prefix_groups) * (shared - header)
+        if not apc or held_once == 0:
+            return concurrency * per_request, f"concurrency {concurrency} x {per_request} blocks per request"
+        own = per_request - shared
+        words = f"concurrency {concurrency} x {own} blocks per request + {held_once} shared prefix blocks held once"
+        return concurrency * own + held_once, words
+
 
 def workload_for(family: str, settings: Settings) -> Workload:
     """The family's workload under these settings (lengths scaled for the CPU profile)."""
@@ -326,7 +348,7 @@ def predict(workload: Workload, header_tokens: int, block_size: int, total_input
     """
     n, groups = workload.num_prompts, workload.prefix_groups
     shared = header_tokens + workload.prefix_len
-    blocks = shared // block_size
+    blocks = workload.shared_blocks(header_tokens, block_size)
     header_blocks = (header_tokens // block_size) * block_size
     expected = (n - groups) * blocks * block_size + (groups - 1) * header_blocks
     tolerance = (n - 1) * block_size
