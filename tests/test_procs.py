@@ -155,11 +155,13 @@ def test_kv_working_set_beyond_capacity(pytester: pytest.Pytester, tmp_path: Pat
     shared prefix once and 1 block per request, 24 in all, and runs without a warning in either mode."""
     settings = apc_config.resolve(pytester.parseconfig("--cpu-node", f"--apc-set=kv_check={mode}"), environ={})
     session = ApcSession(settings=settings, run_dir=tmp_path, json_path=tmp_path / "r.json")
-    info = ServerInfo(mode="apc-off", command=[], url="", log="", block_size=128, num_gpu_blocks=40,
-                      chat_header_tokens=26)  # fmt: skip
     pure = workload_for("pure", settings)
-    runs = [PlannedRun(RunKey(case, c), pure) for case in "CD" for c in (1, 8)]
-    kept = [run.key for run in session._check_kv_capacity(runs, info)]
+    kept = []
+    for server_mode, case in (("apc-off", "C"), ("apc-on", "D")):  # each case on the server it runs on
+        info = ServerInfo(mode=server_mode, command=[], url="", log="", block_size=128, num_gpu_blocks=40,
+                          chat_header_tokens=26)  # fmt: skip
+        runs = [PlannedRun(RunKey(case, c), pure) for c in (1, 8)]
+        kept += [run.key for run in session._check_kv_capacity(runs, info)]
     assert (RunKey("C", 8) in kept) is measured
     assert {RunKey("C", 1), RunKey("D", 1), RunKey("D", 8)} <= set(kept)  # 17 blocks fit in 40; D-c8 holds 24
     assert session.measured.warnings == [
