@@ -984,7 +984,7 @@ COMMITTED_RESULTS = sorted(p.relative_to(REPO) for p in (DOCS / "results").glob(
 # left out): report exits 1 on them.
 FAILED_RUNS = {
     Path(f"docs/results/{run}/results.json")
-    for run in ("h200-answers/fault", "h200-multiturn/full", "h100-vllm-0.33-offload")
+    for run in ("h200-answers/fault", "h200-multiturn/full", "h100-vllm-0.33-offload", "h100-vllm-0.33-suite")
 }
 
 
@@ -1426,6 +1426,39 @@ def test_vllm_033_page_is_what_report_and_its_script_print_of_its_files(
     runs = {r["id"]: r for r in data["runs"]}
     assert "F-c8" not in runs  # the run the session was stopped in: measured again when it is resumed
     assert all(r["preemptions"] == 0 for r in runs.values())
+
+
+def test_whole_suite_page_is_what_report_and_compare_print_of_its_file(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The whole suite on vLLM 0.33.0, as its sessions have measured it so far: the report and compare blocks
+    are what the commands print of the results file; the runs, the commit, the settings and the run folder the
+    page names are the file's; every run kept has its 3 repeats, all requests and no preemption."""
+    import json
+
+    from pytest_apc.__main__ import main
+
+    folder = DOCS / "results" / "h100-vllm-0.33-suite"
+    path = "docs/results/h100-vllm-0.33-suite/results.json"
+    page = (folder / "README.md").read_text()
+    monkeypatch.chdir(REPO)
+    assert main(["report", path]) == 1  # the runs not measured yet are the file's errors
+    report = capsys.readouterr().out.splitlines()
+    assert _block_after(page, "<!-- report -->") == report
+    assert main(["compare", path, path]) == 0
+    assert _block_after(page, "<!-- compare -->") == capsys.readouterr().out.splitlines()
+    data = json.loads((folder / "results.json").read_text())
+    flat = _flat(page)
+    assert data["environment"]["vllm"] == "0.33.0"
+    assert f"commit {data['environment']['git_commit'][:7]}" in flat
+    assert f"STOP_AFTER={data['settings']['stop_after']:g}" in flat
+    assert f"{data['settings']['num_prompts']} prompts of {data['settings']['output_len']} generated tokens" in flat
+    runs = {r["id"]: r for r in data["runs"]}
+    assert sorted(runs) == ["A-c8", "C-c8"]  # grows with every session; the page's "So far" names them
+    assert "cases A and C at concurrency 8" in flat
+    assert all(r["repeats"] == 3 and r["failed"] == 0 and r["preemptions"] == 0 for r in runs.values())
+    assert all(r["prefix_cache_queries"] == 0 for r in runs.values())  # APC-off runs: no query counted
+    resume_folder = re.search(r"--apc-resume /tmp/res-suite/(\d{8}-\d{6})", " ".join(report))
+    assert resume_folder
+    assert f"mkdir -p /tmp/res-suite/{resume_folder[1]}" in page
 
 
 def test_cpu_payoff_page_table_is_what_the_payoff_script_prints_of_its_files() -> None:
