@@ -1397,6 +1397,22 @@ def test_gpu_answers_page_at_one_commit_is_what_its_scripts_print_of_its_files()
     assert excerpt in log
 
 
+def _page_and_report(folder: str, status: int, monkeypatch: pytest.MonkeyPatch, capsys) -> tuple[str, dict]:
+    """A results page of ``docs/results/<folder>`` and its results file: `report` of the file exits ``status``
+    and prints the page's report block, and the page names the commit the file records."""
+    import json
+
+    from pytest_apc.__main__ import main
+
+    page = (DOCS / "results" / folder / "README.md").read_text()
+    monkeypatch.chdir(REPO)
+    assert main(["report", f"docs/results/{folder}/results.json"]) == status
+    assert _block_after(page, "<!-- report -->") == capsys.readouterr().out.splitlines()
+    data = json.loads((DOCS / "results" / folder / "results.json").read_text())
+    assert f"commit {data['environment']['git_commit'][:7]}" in _flat(page)
+    return page, data
+
+
 def test_vllm_033_page_is_what_report_and_its_script_print_of_its_files(
     monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
@@ -1409,18 +1425,13 @@ def test_vllm_033_page_is_what_report_and_its_script_print_of_its_files(
 
     folder = DOCS / "results" / "h100-vllm-0.33"
     path = "docs/results/h100-vllm-0.33/results.json"
-    page = (folder / "README.md").read_text()
-    monkeypatch.chdir(REPO)
-    assert main(["report", path]) == 0
-    assert _block_after(page, "<!-- report -->") == capsys.readouterr().out.splitlines()
+    page, data = _page_and_report("h100-vllm-0.33", 0, monkeypatch, capsys)
     assert main(["compare", path, path]) == 0
     assert "baseline gate: passed" in capsys.readouterr().out
     parting = _script("parting", folder)
     kept = json.loads((folder / "parting.json").read_text())
     assert _block_after(page, "<!-- parting -->") == parting.tables(kept)
-    data = json.loads((folder / "results.json").read_text())
     assert data["environment"]["vllm"] == "0.33.0"
-    assert f"commit {data['environment']['git_commit'][:7]}" in _flat(page)
     cell = {p["pair"]: p["answers"] for p in data["pairs"]}["C/D"]
     assert cell == f"{len(kept['differ'])} DIFFER"
     runs = {r["id"]: r for r in data["runs"]}
@@ -1432,31 +1443,28 @@ def test_whole_suite_page_is_what_report_and_compare_print_of_its_file(monkeypat
     """The whole suite on vLLM 0.33.0, as its sessions have measured it so far: the report and compare blocks
     are what the commands print of the results file; the runs, the commit, the settings and the run folder the
     page names are the file's; every run kept has its 3 repeats, all requests and no preemption."""
-    import json
-
     from pytest_apc.__main__ import main
 
-    folder = DOCS / "results" / "h100-vllm-0.33-suite"
     path = "docs/results/h100-vllm-0.33-suite/results.json"
-    page = (folder / "README.md").read_text()
-    monkeypatch.chdir(REPO)
-    assert main(["report", path]) == 1  # the runs not measured yet are the file's errors
-    report = capsys.readouterr().out.splitlines()
-    assert _block_after(page, "<!-- report -->") == report
+    # report exits 1: the runs not measured yet are the file's errors
+    page, data = _page_and_report("h100-vllm-0.33-suite", 1, monkeypatch, capsys)
     assert main(["compare", path, path]) == 0
     assert _block_after(page, "<!-- compare -->") == capsys.readouterr().out.splitlines()
-    data = json.loads((folder / "results.json").read_text())
     flat = _flat(page)
     assert data["environment"]["vllm"] == "0.33.0"
-    assert f"commit {data['environment']['git_commit'][:7]}" in flat
-    assert f"STOP_AFTER={data['settings']['stop_after']:g}" in flat
-    assert f"{data['settings']['num_prompts']} prompts of {data['settings']['output_len']} generated tokens" in flat
+    settings = data["settings"]
+    assert f"STOP_AFTER={settings['stop_after']:g}" in flat
+    assert f"a {settings['prefix_len']:,}-token shared prefix" in flat
+    assert f"{settings['num_prompts']} prompts of {settings['output_len']} generated tokens" in flat
     runs = {r["id"]: r for r in data["runs"]}
-    assert sorted(runs) == ["A-c8", "C-c8"]  # grows with every session; the page's "So far" names them
+    assert sorted(runs) == ["A-c8", "C-c8"]  # grows with every session; the page's "So far" and the README name them
     assert "cases A and C at concurrency 8" in flat
+    assert "so far cases A and C at concurrency 8" in _flat((REPO / "README.md").read_text())
     assert all(r["repeats"] == 3 and r["failed"] == 0 and r["preemptions"] == 0 for r in runs.values())
     assert all(r["prefix_cache_queries"] == 0 for r in runs.values())  # APC-off runs: no query counted
-    resume_folder = re.search(r"--apc-resume /tmp/res-suite/(\d{8}-\d{6})", " ".join(report))
+    resume_folder = re.search(
+        r"--apc-resume /tmp/res-suite/(\d{8}-\d{6})", " ".join(_block_after(page, "<!-- report -->"))
+    )
     assert resume_folder
     assert f"mkdir -p /tmp/res-suite/{resume_folder[1]}" in page
 
@@ -1565,20 +1573,10 @@ def test_main_job_page_table_is_what_its_script_prints_of_its_sessions() -> None
 def test_vllm_033_offload_page_is_what_report_prints_of_its_file(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """vLLM 0.33.0's offload session: its report block is what `report` prints of its results file, and the
     figures its prose quotes (hits per tier, queries, the tier's reported size) are the file's."""
-    import json
-
-    from pytest_apc.__main__ import main
-
-    folder = DOCS / "results" / "h100-vllm-0.33-offload"
-    path = "docs/results/h100-vllm-0.33-offload/results.json"
-    page = (folder / "README.md").read_text()
-    monkeypatch.chdir(REPO)
-    assert main(["report", path]) == 1  # the runs the session left out fail as not measured
-    assert _block_after(page, "<!-- report -->") == capsys.readouterr().out.splitlines()
-    data = json.loads((folder / "results.json").read_text())
+    # report exits 1: the runs the session left out fail as not measured
+    page, data = _page_and_report("h100-vllm-0.33-offload", 1, monkeypatch, capsys)
     assert data["environment"]["vllm"] == "0.33.0"
     prose = _flat(page[page.index("## What the numbers say") :])
-    assert f"commit {data['environment']['git_commit'][:7]}" in _flat(page)
     rows = {r["id"]: r for r in data["offload"]}
     assert set(rows) == {"M-c1-small-cache", "M-c1-offload-tier", "O-c1", "O-c8"}
     assert set(data["errors"]) == {"N-c1", "N-c8"}  # what the session's time left out
