@@ -455,3 +455,20 @@ def test_summary_md_counts_the_tests_as_pytest_does(tmp_path, run_inner) -> None
     assert doc["tests"] == {"failed": 1, "passed": 2, "skipped": 1}
     assert _md_cells(summary, "C/D")["verdict"] == "FAIL"  # failed on C's own verdict, not on its timing
     assert doc["pairs"][0]["timing"] == "not slower"
+
+
+def test_a_run_whose_pair_is_not_measured_yet_is_reported_not_dropped(pytester) -> None:
+    """A session stopped between a pair's two runs: the run it measured has no row yet, so the summary says
+    what it measured and which run it waits for, in the terminal and in summary.md alike."""
+    s = settings(pytester)
+    off = record(s, "C", 8, off_delta(s, "C"), 900.0)
+    view = _view(_session(s, [off]), _data(_session(s, [off])))
+    assert not view.pairs
+    waits = "C-c8: measured on apc-off (1 repeat, 30 of 30 requests each); its pair waits for D-c8"
+    lines = [text for text, _ in terminal.summary_lines(view)]
+    assert [line for line in lines if line.startswith("UNPAIRED")] == [f"UNPAIRED {waits}, not measured yet " \
+        "(compare reads the run alone)"]  # fmt: skip
+    assert f"- UNPAIRED {waits}" in markdown.markdown(view)
+    on = record(s, "D", 8, delta(off.bench["total_input_tokens"], 0), 300.0)
+    both = _session(s, [off, on])
+    assert _view(both, _data(both)).unpaired == []  # the pair's row shows both

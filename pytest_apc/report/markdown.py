@@ -66,6 +66,7 @@ def markdown(view: ReportView) -> str:
     failed = [v for v in view.verdicts if not v["passed"]]
     lines.append(tests_line(view.tests) if view.tests else verdicts_line(view.verdicts))
     lines += [f"- FAIL `{v.get('test')}`: {first_line(v.get('message'))}" for v in failed]
+    lines += [f"- UNPAIRED {line}" for line in view.unpaired]
     lines += [f"- NOT MEASURED {run_id}: {first_line(error)}" for run_id, error in view.errors]
     lines += [f"- FAIL baseline: {line}" for line in view.gate.get("failures") or []]
     return "\n".join(lines) + "\n"

@@ -343,6 +343,7 @@ def summary_lines(view: ReportView, verbose: bool = False) -> list[tuple[str, Ma
     lines += fleet_lines(view, verbose)
     if view.offload:
         lines += [(offload_lead(view.offload), {}), (offload_table(view.offload, verbose), {})]
+    lines += [(f"UNPAIRED {line}", {"yellow": True}) for line in view.unpaired]
     for run_id, error in view.errors:
         lines.append((f"NOT MEASURED {run_id}: {first_line(error)}", {"red": True}))
     lines += [(f"WARNING {line}", {"yellow": True}) for line in view.warnings]

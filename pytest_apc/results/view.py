@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_apc.results.rows import AlgoRow, FleetRow, Outcomes, PairRow, TierRow
+from pytest_apc.workload.cases import RunKey
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class ReportView:
     offload: list[TierRow] = field(default_factory=list)  # one row per offload run
     tests: Mapping[str, int] = field(default_factory=dict)  # pytest's count of its tests by outcome, as it printed
     fit: str = ""  # how the runs were fitted to the model's context (results.json's fit.summary); "" they fit
+    unpaired: list[str] = field(default_factory=list)  # a line per measured run whose pair's other run is not
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any], path: str) -> ReportView:
@@ -60,6 +62,7 @@ class ReportView:
             offload=TierRow.typed(doc.get("offload") or []),
             tests=dict(doc.get("tests") or {}),
             fit=str((doc.get("fit") or {}).get("summary") or ""),
+            unpaired=unpaired_lines(doc.get("runs") or []),
         )
 
     def cases(self) -> list[str]:
@@ -68,3 +71,27 @@ class ReportView:
         cases = {case for row in self.pairs for case in str(row.pair).split()[0].split("/")}
         cases |= {str(row.case) for row in self.offload}
         return sorted(cases | ({"R"} if self.fleet else set()))
+
+
+def unpaired_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """A line for each measured run that no table shows because the other run of its pair is not measured (a
+    session stopped or pre-empted between the two): what was measured and which run it waits for. Runs that
+    are shown alone (fleet, offload, hash algorithms, multi-turn variants) never wait."""
+    measured = {str(run["id"]): run for run in runs}
+    lines = []
+    for run_id, run in measured.items():
+        key = RunKey.parse(run_id)
+        if key.route or key.hash_algo or key.variant or key.family in ("fleet", "offload"):
+            continue
+        other = next(k for k in key.pair() if k != key).id
+        if other in measured:
+            continue
+        completed, failed = run.get("completed"), run.get("failed")
+        requests = f"{completed} of {completed + failed} requests" if failed is not None else "requests n/a"
+        repeats = int(run.get("repeats") or 1)
+        plural = "" if repeats == 1 else "s"
+        lines.append(
+            f"{run_id}: measured on {run.get('server')} ({repeats} repeat{plural}, {requests} each); "
+            f"its pair waits for {other}, not measured yet (compare reads the run alone)"
+        )
+    return lines
