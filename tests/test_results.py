@@ -31,6 +31,8 @@ def test_a_run_reads_back_as_the_record_it_was_written_from(pytester: pytest.Pyt
     s = settings(pytester)
     off = record(s, "C", 8, off_delta(s, "C"), 120.0)
     on = _repeated(record(s, "D", 8, delta(int(off.bench["total_input_tokens"]), 59392), 40.0), [38.0] * 30)
+    for i, repeat in enumerate(on.repeats):  # what vLLM's benchmark saves besides the TTFTs
+        repeat.bench |= {"latencies": [0.5 + i / 10 + j / 100 for j in range(30)], "median_tpot_ms": 9.0 + i}
     stored = json.loads(json.dumps(on.to_json()))
     back = RunRecord.from_json(stored, server_from_json(json.loads(json.dumps(on.server.__dict__))))
     assert (back.key, back.workload, back.server, back.prediction) == (on.key, on.workload, on.server, on.prediction)
@@ -41,6 +43,12 @@ def test_a_run_reads_back_as_the_record_it_was_written_from(pytester: pytest.Pyt
     assert noise.repeat_values(back) == [r.ttft_ms("mean") for r in on.repeats]
     assert noise.repeat_values(back, "duration_s") == [r.bench["duration"] for r in on.repeats]
     assert back.to_json()["repeat_counters"] == stored["repeat_counters"]
+    # Latencies the file keeps without their samples read back as written (a resumed session's pair rows).
+    pooled = ("median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_e2el_ms", "p99_e2el_ms")
+    assert all(stored[name] is not None for name in pooled)
+    assert {name: back.to_json()[name] for name in pooled} == pytest.approx(
+        {name: stored[name] for name in pooled}, abs=1e-3
+    )  # the file keeps each TTFT to the microsecond
 
 
 def test_a_run_of_a_file_without_per_repeat_ttfts_reads_its_share_of_the_pooled_ones() -> None:

@@ -108,6 +108,8 @@ def test_a_resumed_session_measures_only_the_runs_missing_and_its_file_reads_lik
     same = ("pair", "concurrency", "cached_tokens", "expected_cached_tokens", "answers", "verdict")
     assert [[row[k] for k in same] for row in merged["pairs"]] == [[row[k] for k in same] for row in one["pairs"]]
     assert [row["answers"] for row in merged["pairs"]] == ["4/4", "4/4"]
+    for row in merged["pairs"]:  # an adopted run's latencies, as the first session wrote them (not n/a)
+        assert row["median_e2el_off_ms"] == _runs(before)[f"C-c{row['concurrency']}"]["median_e2el_ms"] is not None
     hits = {run_id: run["prefix_cache_hits"] for run_id, run in _runs(one).items()}
     assert {run_id: run["prefix_cache_hits"] for run_id, run in _runs(merged).items()} == hits
     for path in (folder / "results.json", single_path):

@@ -298,6 +298,10 @@ def _salted_json(salted: Repeat) -> dict[str, Any]:
     }
 
 
+# The run's figures over every repeat that a results file keeps without their per-request samples.
+_POOLED_WITHOUT_SAMPLES = ("p90_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_e2el_ms", "p99_e2el_ms")
+
+
 def _repeat_from_json(run: Mapping[str, Any], counter: Mapping[str, Any], share: list[float], *, first: bool) -> Repeat:
     """One repeat of a stored run: its ``repeat_counters[]`` entry, with the run's totals (every repeat sends
     the same prompts) and its share of the pooled per-request TTFTs."""
@@ -305,6 +309,10 @@ def _repeat_from_json(run: Mapping[str, Any], counter: Mapping[str, Any], share:
     mean, median = counter.get("mean_ttft_ms"), counter.get("median_ttft_ms")
     bench = {**totals, "duration": counter.get("duration_s"), "ttfts": [t / 1000.0 for t in share],
              "mean_ttft_ms": mean, "median_ttft_ms": median}  # fmt: skip
+    if first:
+        # The file keeps no per-request latencies: the first repeat carries the run's stored figures, which
+        # the record reports when it has no samples, so a run adopted by a resumed session keeps them.
+        bench |= {name: run.get(name) for name in _POOLED_WITHOUT_SAMPLES}
     return Repeat(
         bench=bench,
         delta=_delta(counter.get("delta")),
