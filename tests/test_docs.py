@@ -1453,15 +1453,21 @@ def test_whole_suite_page_is_what_report_and_compare_print_of_its_file(monkeypat
     flat = _flat(page)
     assert data["environment"]["vllm"] == "0.33.0"
     settings = data["settings"]
-    assert f"STOP_AFTER={settings['stop_after']:g}" in flat
+    assert f"last session's, {settings['stop_after']:g}" in flat
     assert f"a {settings['prefix_len']:,}-token shared prefix" in flat
     assert f"{settings['num_prompts']} prompts of {settings['output_len']} generated tokens" in flat
     runs = {r["id"]: r for r in data["runs"]}
-    assert sorted(runs) == ["A-c8", "C-c8"]  # grows with every session; the page's "So far" and the README name them
-    assert "cases A and C at concurrency 8" in flat
-    assert "so far cases A and C at concurrency 8" in _flat((REPO / "README.md").read_text())
+    # grows with every session; the page's "So far" and the README name them
+    assert sorted(runs) == ["A-c8", "B-c8", "C-c8", "D-c8", "F-c8"]
+    assert "cases A, B, C, D and F at concurrency 8" in flat
+    assert "so far cases A, B, C, D and F at concurrency 8" in _flat((REPO / "README.md").read_text())
     assert all(r["repeats"] == 3 and r["failed"] == 0 and r["preemptions"] == 0 for r in runs.values())
-    assert all(r["prefix_cache_queries"] == 0 for r in runs.values())  # APC-off runs: no query counted
+    assert all(r["prefix_cache_queries"] == 0 for r in runs.values() if not r["apc"])  # no query counted
+    assert all(r["cached_tokens"] == r["prediction"]["expected_hits"] for r in runs.values() if r["apc"])
+    logs = sorted((DOCS / "results" / "h100-vllm-0.33-suite").glob("pytest-*.log"))
+    assert [log.name for log in logs] == ["pytest-1.log", "pytest-2.log"]  # one per session, each linked
+    assert all(f"[`{log.name}`]({log.name})" in page for log in logs)
+    assert "resumed: 2 runs from" in logs[1].read_text()
     resume_folder = re.search(
         r"--apc-resume /tmp/res-suite/(\d{8}-\d{6})", " ".join(_block_after(page, "<!-- report -->"))
     )
