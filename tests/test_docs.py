@@ -1460,7 +1460,10 @@ def test_whole_suite_page_is_what_report_and_compare_print_of_its_file(monkeypat
     # grows with every session; the page's "So far" and the README name them
     assert sorted(runs) == ["A-c8", "B-c8", "C-c8", "D-c8", "F-c8"]
     assert "cases A, B, C, D and F at concurrency 8" in flat
-    assert "so far cases A, B, C, D and F at concurrency 8" in _flat((REPO / "README.md").read_text())
+    readme = (REPO / "README.md").read_text()
+    assert "So far cases A, B, C, D and F at concurrency 8" in _flat(readme)
+    results = readme[readme.index("## Results on real servers") :]  # the page is quoted first, then earlier ones
+    assert re.findall(r"\(docs/results/([\w.-]+)/README\.md\)", results)[0] == "h100-vllm-0.33-suite"
     assert all(r["repeats"] == 3 and r["failed"] == 0 and r["preemptions"] == 0 for r in runs.values())
     assert all(r["prefix_cache_queries"] == 0 for r in runs.values() if not r["apc"])  # no query counted
     assert all(r["cached_tokens"] == r["prediction"]["expected_hits"] for r in runs.values() if r["apc"])
