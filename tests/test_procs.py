@@ -136,6 +136,27 @@ def test_reap_kills_a_registered_worker_and_not_a_later_process_given_its_pid(tm
             proc.wait()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the clock-tick stamp is read from /proc")
+def test_a_run_still_running_when_the_wall_clock_is_adjusted_is_not_taken_for_gone(monkeypatch) -> None:
+    """The guard asks every half second whether its pytest still runs, and kills the run's servers once it
+    does not. An adjustment of the wall clock (NTP) moves psutil's create_time by a whole second; a guard
+    that compared it took a live pytest for gone and killed its servers and benchmarks mid-run."""
+    import psutil
+    import psutil._pslinux as linux
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)"])
+    try:
+        stamp, created = procs.start_stamp(child.pid), psutil.Process(child.pid).create_time()
+        real = linux.boot_time
+        monkeypatch.setattr(linux, "boot_time", lambda: real() + 1.0)  # the clock stepped by a second
+        assert psutil.Process(child.pid).create_time() != created  # what the guard compared before
+        assert procs.running(child.pid, stamp)
+    finally:
+        child.kill()
+        child.wait()
+    assert not procs.running(child.pid, stamp)
+
+
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.10 cannot start a child in a group of its own only")
 def test_a_child_has_a_process_group_of_its_own_in_pytests_session(tmp_path: Path) -> None:
     """Its own group, so that stopping reaches its whole tree; pytest's session, so that a server's busy poll

@@ -8,7 +8,7 @@ what the run still has registered or tagged (``process.reap``). A run that ends 
 the guard with it (it carries the run's owner tag). The xdist workers are registered too: they would go
 on running tests, and starting servers, after their controller is gone.
 
-Run as ``python -m pytest_apc.serving.guard PID CREATE_TIME TAG REGISTRY``.
+Run as ``python -m pytest_apc.serving.guard PID START_STAMP TAG REGISTRY``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import sys
 import time
 from collections.abc import Sequence
 
-import psutil
-
 from pytest_apc.serving import process as procs
 
 POLL_S = 0.5  # how soon after pytest is gone its servers are killed
@@ -30,8 +28,7 @@ _started: list[subprocess.Popen[bytes]] = []  # kept: a Popen collected while it
 
 def start(tag: str, registry: str) -> subprocess.Popen[bytes]:
     """The guard of this process (the run's controller) and its run ``tag``/``registry``."""
-    me = psutil.Process()
-    argv = [sys.executable, "-m", __name__, str(me.pid), repr(me.create_time()), tag, registry]
+    argv = [sys.executable, "-m", __name__, str(os.getpid()), procs.start_stamp(os.getpid()), tag, registry]
     guard = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, procs.OWNER_ENV: tag}, start_new_session=True,  # not in the group a Ctrl-C reaches
@@ -41,9 +38,9 @@ def start(tag: str, registry: str) -> subprocess.Popen[bytes]:
 
 
 def main(argv: Sequence[str]) -> int:
-    pid, created, tag, registry = int(argv[0]), float(argv[1]), argv[2], argv[3]
+    pid, stamp, tag, registry = int(argv[0]), argv[1], argv[2], argv[3]
     procs.configure(tag, registry)
-    while procs.running(pid, created):
+    while procs.running(pid, stamp):
         time.sleep(POLL_S)
     # Again while a pass kills something: a worker may have been starting a server while the first ran.
     deadline = time.monotonic() + REAP_FOR_S

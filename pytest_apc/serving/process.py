@@ -86,16 +86,29 @@ def spawn(
 
 def register_worker() -> None:
     """Register this process (an xdist worker) for ``reap``: killed with the servers when its controller
-    is gone. Its start time tells it from a later process given the same pid."""
-    me = psutil.Process()
-    (registry_dir() / f"{me.pid}.pid").write_text(repr(me.create_time()))
+    is gone. Its start stamp tells it from a later process given the same pid."""
+    (registry_dir() / f"{os.getpid()}.pid").write_text(start_stamp(os.getpid()))
 
 
-def running(pid: int, created: float) -> bool:
-    """Whether the process ``pid`` that started at ``created`` still runs (not another one given its pid)."""
+def start_stamp(pid: int) -> str:
+    """When process ``pid`` started, as a stamp that tells it from a later process given its pid: on Linux
+    its start in clock ticks since boot. Not psutil's ``create_time``: that adds the boot time as the wall
+    clock has it now, which moves by a whole second when the clock is adjusted, and a guard that saw its
+    pytest "change" would kill the servers of a run still going. Raises ``psutil.Error`` when none runs."""
     try:
-        proc = psutil.Process(pid)
-        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        raise psutil.NoSuchProcess(pid) from None
+    except OSError:  # no procfs: the wall-clock time, the best there is
+        return repr(psutil.Process(pid).create_time())
+    return "ticks " + stat.rsplit(")", 1)[1].split()[19]  # field 22, counted after "pid (comm)"
+
+
+def running(pid: int, stamp: str) -> bool:
+    """Whether the process ``pid`` whose :func:`start_stamp` was ``stamp`` still runs (not another one
+    given its pid)."""
+    try:
+        return start_stamp(pid) == stamp and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
@@ -177,7 +190,7 @@ def reap(tag: str | None = None) -> list[int]:
         for entry in Path(registry).glob("*.pid"):
             with contextlib.suppress(OSError, ValueError):
                 pid = int(entry.stem)
-                if pid != os.getpid() and running(pid, float(entry.read_text())):
+                if pid != os.getpid() and running(pid, entry.read_text()):
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
             entry.unlink(missing_ok=True)
