@@ -34,7 +34,7 @@ class ReportView:
     offload: list[TierRow] = field(default_factory=list)  # one row per offload run
     tests: Mapping[str, int] = field(default_factory=dict)  # pytest's count of its tests by outcome, as it printed
     fit: str = ""  # how the runs were fitted to the model's context (results.json's fit.summary); "" they fit
-    unpaired: list[str] = field(default_factory=list)  # a line per measured run whose pair's other run is not
+    unpaired: list[str] = field(default_factory=list)  # measured runs whose pair's other run is not, yet
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any], path: str) -> ReportView:
